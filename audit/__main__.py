@@ -1,0 +1,5 @@
+"""``python -m audit`` is the same as the ``fence-audit`` command."""
+
+from audit.cli import main
+
+raise SystemExit(main())

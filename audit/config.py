@@ -1,0 +1,264 @@
+"""Configuration: built-in defaults, overridden by ``[tool.fence-audit]``.
+
+The defaults live in ``audit/data/defaults.toml`` in the same schema a project
+writes, so there is one parser and one place to read what the audit does when
+nothing is configured. Every key is checked: an unknown key or a wrong type is a
+:class:`ConfigError` that names the key and the file.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from audit.errors import ConfigError
+
+DEFAULT_CACHE_ENV = "FENCE_AUDIT_CACHE"
+INDEX_URL_ENV = "FENCE_AUDIT_INDEX_URL"
+
+SuiteRoot = Literal["vllm", "project"]
+StatementPart = Literal["statement", "header"]
+
+
+@dataclass(frozen=True, slots=True)
+class StatementSelector:
+    """Statements whose normalised text (or header) contains ``match``."""
+
+    match: str
+    part: StatementPart = "statement"
+    containing: str = ""  # and whose whole text (body included) contains this
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """A function of the target module, whole or by some of its statements."""
+
+    function: str
+    statements: tuple[StatementSelector, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RegionSpec:
+    name: str
+    description: str
+    selections: tuple[Selection, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SuitePath:
+    """One entry of the fence suite: a path under vLLM's tests or this project."""
+
+    root: SuiteRoot
+    path: str
+    optional: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.root}:{self.path}{'?' if self.optional else ''}"
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    source: str  # where the configuration was read, for error messages
+    project_dir: Path
+    vllm_version: str
+    target: str  # dotted module name of the audited module
+    reports_dir: Path
+    cache_dir: Path
+    index_url: str
+    suite: tuple[SuitePath, ...]
+    confcutdir: str
+    offline_models: tuple[str, ...]
+    regions: tuple[RegionSpec, ...]
+
+    def region(self, name: str) -> RegionSpec:
+        for region in self.regions:
+            if region.name == name:
+                return region
+        raise ConfigError(
+            f"no region named {name!r}",
+            details={"known": ", ".join(r.name for r in self.regions), "config": self.source},
+        )
+
+
+_TOP_KEYS = {"vllm-version", "target", "reports", "cache-dir", "index-url", "suite", "regions"}
+_SUITE_KEYS = {"paths", "confcutdir", "offline-models"}
+
+
+def default_table() -> dict[str, Any]:
+    text = resources.files("audit").joinpath("data/defaults.toml").read_text(encoding="utf-8")
+    return tomllib.loads(text)
+
+
+def default_cache_dir() -> Path:
+    """``$FENCE_AUDIT_CACHE``, else ``$XDG_CACHE_HOME/fence-audit``, else ``~/.cache/...``."""
+    if env := os.environ.get(DEFAULT_CACHE_ENV):
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".cache"
+    return base / "fence-audit"
+
+
+def load_config(pyproject: Path | None = None, *, project_dir: Path | None = None) -> Config:
+    """Read ``[tool.fence-audit]`` from ``pyproject`` (if any) over the defaults."""
+    table = default_table()
+    source = "built-in defaults"
+    if pyproject is not None:
+        source = str(pyproject)
+        try:
+            data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(
+                "configuration file not found",
+                details={"file": str(pyproject), "next": "pass --config PATH to a pyproject.toml"},
+            ) from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(
+                "configuration file is not valid TOML",
+                details={"file": str(pyproject), "error": str(exc)},
+            ) from None
+        user = data.get("tool", {}).get("fence-audit", {})
+        table = merge_tables(table, user, source)
+        project_dir = project_dir or pyproject.parent
+    return parse_config(table, source=source, project_dir=project_dir or Path.cwd())
+
+
+def merge_tables(base: dict[str, Any], user: dict[str, Any], source: str) -> dict[str, Any]:
+    _check_keys(user, _TOP_KEYS, "[tool.fence-audit]", source)
+    merged = dict(base)
+    for key, value in user.items():
+        if key == "suite":
+            _expect(value, dict, "[tool.fence-audit.suite]", source)
+            _check_keys(value, _SUITE_KEYS, "[tool.fence-audit.suite]", source)
+            merged["suite"] = {**base.get("suite", {}), **value}
+        else:  # "regions" included: a user's regions replace the defaults whole
+            merged[key] = value
+    return merged
+
+
+def parse_config(table: dict[str, Any], *, source: str, project_dir: Path) -> Config:
+    _check_keys(table, _TOP_KEYS, "[tool.fence-audit]", source)
+    suite_table = table.get("suite", {})
+    _expect(suite_table, dict, "suite", source)
+    _check_keys(suite_table, _SUITE_KEYS, "suite", source)
+
+    reports = Path(_string(table, "reports", source))
+    cache = table.get("cache-dir")
+    return Config(
+        source=source,
+        project_dir=project_dir,
+        vllm_version=_string(table, "vllm-version", source),
+        target=_string(table, "target", source),
+        reports_dir=reports if reports.is_absolute() else project_dir / reports,
+        cache_dir=Path(_expect(cache, str, "cache-dir", source)) if cache else default_cache_dir(),
+        index_url=os.environ.get(INDEX_URL_ENV) or _string(table, "index-url", source),
+        suite=tuple(parse_suite_path(p, source) for p in _strings(suite_table, "paths", source)),
+        confcutdir=_string(suite_table, "confcutdir", source),
+        offline_models=_strings(suite_table, "offline-models", source),
+        regions=parse_regions(table.get("regions", {}), source),
+    )
+
+
+def parse_suite_path(text: str, source: str = "command line") -> SuitePath:
+    root, sep, path = text.partition(":")
+    if not sep or root not in ("vllm", "project") or not path:
+        raise ConfigError(
+            f"suite path {text!r} is not of the form 'vllm:PATH' or 'project:PATH'",
+            details={
+                "config": source,
+                "next": "prefix the path with vllm: (inside vLLM's tests) or project: (this repo)",
+            },
+        )
+    optional = path.endswith("?")
+    return SuitePath(root=root, path=path.rstrip("?"), optional=optional)  # type: ignore[arg-type]
+
+
+def parse_regions(table: Any, source: str) -> tuple[RegionSpec, ...]:
+    _expect(table, dict, "regions", source)
+    regions = []
+    for name, body in table.items():
+        where = f"regions.{name}"
+        _expect(body, dict, where, source)
+        _check_keys(body, {"description", "select"}, where, source)
+        selects = body.get("select", [])
+        _expect(selects, list, f"{where}.select", source)
+        if not selects:
+            raise ConfigError(
+                f"region {name!r} selects nothing",
+                details={"config": source, "next": f"add [[{where}.select]] entries"},
+            )
+        regions.append(
+            RegionSpec(
+                name=name,
+                description=str(body.get("description", "")),
+                selections=tuple(_parse_selection(s, f"{where}.select", source) for s in selects),
+            )
+        )
+    if not regions:
+        raise ConfigError("no regions configured", details={"config": source})
+    return tuple(regions)
+
+
+def _parse_selection(body: Any, where: str, source: str) -> Selection:
+    _expect(body, dict, where, source)
+    _check_keys(body, {"function", "statements"}, where, source)
+    function = _string(body, "function", source, where)
+    selectors: list[StatementSelector] = []
+    for item in body.get("statements", []):
+        if isinstance(item, str):
+            selectors.append(StatementSelector(match=item))
+            continue
+        _expect(item, dict, f"{where}.statements", source)
+        _check_keys(item, {"match", "part", "containing"}, f"{where}.statements", source)
+        part = item.get("part", "statement")
+        if part not in ("statement", "header"):
+            raise ConfigError(
+                f"{where}.statements: part must be 'statement' or 'header', not {part!r}",
+                details={"config": source, "function": function},
+            )
+        selectors.append(
+            StatementSelector(
+                match=_string(item, "match", source, where),
+                part=part,
+                containing=str(item.get("containing", "")),
+            )
+        )
+    return Selection(function=function, statements=tuple(selectors))
+
+
+def _check_keys(table: dict[str, Any], allowed: set[str], where: str, source: str) -> None:
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise ConfigError(
+            f"unknown key {unknown[0]!r} in {where}",
+            details={"config": source, "allowed": ", ".join(sorted(allowed))},
+        )
+
+
+def _expect(value: Any, kind: type, where: str, source: str) -> Any:
+    if not isinstance(value, kind):
+        raise ConfigError(
+            f"{where} must be a {kind.__name__}, not {type(value).__name__}",
+            details={"config": source},
+        )
+    return value
+
+
+def _string(table: dict[str, Any], key: str, source: str, where: str = "") -> str:
+    label = f"{where}.{key}" if where else key
+    if key not in table:
+        raise ConfigError(f"missing key {label!r}", details={"config": source})
+    value: str = _expect(table[key], str, label, source)
+    if not value.strip():
+        raise ConfigError(f"{label} must not be empty", details={"config": source})
+    return value
+
+
+def _strings(table: dict[str, Any], key: str, source: str) -> tuple[str, ...]:
+    values = _expect(table.get(key, []), list, key, source)
+    for value in values:
+        _expect(value, str, key, source)
+    return tuple(values)

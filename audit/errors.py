@@ -1,0 +1,76 @@
+"""The audit's errors: one base class, one subclass per outcome CI cares about.
+
+Only the CLI catches these. Each carries the exit code the README documents, a
+one-line summary, and the details a person needs to act: what failed, on which
+input, where to look, and what to do next.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """Process exit codes; the table in README.md mirrors this enum."""
+
+    OK = 0
+    USAGE = 1  # bad command line or configuration
+    SCORE_BELOW_THRESHOLD = 2  # the gate (mutation stage)
+    TIMEOUTS_ONLY = 3  # the gate (mutation stage)
+    BASELINE_FAILED = 4  # a test failed before any mutant was applied
+    NO_TESTS_SELECTED = 5  # the suite selection collected no test
+    REGION_UNRESOLVED = 6  # a region names code the audited source lacks
+    ENVIRONMENT = 7  # installed vLLM missing or not the configured version
+    SOURCE_UNAVAILABLE = 8  # vLLM's tests not in the cache and the index unreachable
+    SOURCE_INTEGRITY = 9  # a download does not match the index's sha256
+    TARGET_MODIFIED = 10  # the installed vLLM file changed during the run
+    INTERNAL = 70  # a bug in fence-audit
+
+
+class AuditError(Exception):
+    """Base of every error the CLI reports; never raised directly."""
+
+    exit_code: ExitCode = ExitCode.INTERNAL
+
+    def __init__(self, summary: str, *, details: dict[str, str] | None = None) -> None:
+        super().__init__(summary)
+        self.summary = summary
+        self.details: dict[str, str] = dict(details or {})
+
+    def render(self) -> str:
+        lines = [f"fence-audit: {self.summary}"]
+        width = max((len(k) for k in self.details), default=0)
+        lines.extend(f"  {k + ':':<{width + 1}} {v}" for k, v in self.details.items())
+        return "\n".join(lines)
+
+
+class ConfigError(AuditError):
+    exit_code = ExitCode.USAGE
+
+
+class BaselineFailed(AuditError):
+    exit_code = ExitCode.BASELINE_FAILED
+
+
+class NoTestsSelected(AuditError):
+    exit_code = ExitCode.NO_TESTS_SELECTED
+
+
+class RegionUnresolved(AuditError):
+    exit_code = ExitCode.REGION_UNRESOLVED
+
+
+class EnvironmentMismatch(AuditError):
+    exit_code = ExitCode.ENVIRONMENT
+
+
+class SourceUnavailable(AuditError):
+    exit_code = ExitCode.SOURCE_UNAVAILABLE
+
+
+class SourceIntegrityError(AuditError):
+    exit_code = ExitCode.SOURCE_INTEGRITY
+
+
+class TargetModified(AuditError):
+    exit_code = ExitCode.TARGET_MODIFIED
