@@ -1,0 +1,172 @@
+"""Baseline: the fence suite under coverage, one context per test, in a child process.
+
+The child (:mod:`audit._child`) runs in the hermetic environment of
+:mod:`audit.hermetic`; its whole output goes to ``reports/logs/baseline.log``. A red
+baseline or an empty selection stops the audit here, before any mutant.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from audit.config import Config, SuitePath
+from audit.errors import BaselineFailed, ConfigError, NoTestsSelected
+from audit.hermetic import child_environment, environ, prepare_hf_home
+from audit.model import BaselineRun, Target, TestOutcome, TestResult
+from audit.sources import TestSource
+
+PYTEST_NO_TESTS_COLLECTED = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Suite:
+    """The selected test paths, resolved to files and folders that exist."""
+
+    source: TestSource
+    paths: tuple[Path, ...]
+    selection: tuple[str, ...]  # the configured entries, for messages
+
+
+def resolve_suite(config: Config, source: TestSource, entries: tuple[SuitePath, ...]) -> Suite:
+    paths: list[Path] = []
+    for entry in entries:
+        base = source.root if entry.root == "vllm" else config.project_dir
+        path = base / entry.path
+        if path.exists():
+            paths.append(path)
+        elif not entry.optional:
+            raise ConfigError(
+                f"suite path {entry} does not exist",
+                details={
+                    "looked in": str(path),
+                    "vLLM tests": source.origin,
+                    "next": "fix [tool.fence-audit.suite] paths or --suite",
+                },
+            )
+    return Suite(source=source, paths=tuple(paths), selection=tuple(str(e) for e in entries))
+
+
+def run_baseline(config: Config, suite: Suite, target: Target, work: Path) -> BaselineRun:
+    """Run the suite once under coverage; raise unless every selected test is green."""
+    logs = config.reports_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    log = logs / "baseline.log"
+    data_file = work / "baseline.coverage"
+    data_file.unlink(missing_ok=True)
+    outcomes_file = work / "baseline-outcomes.json"
+    outcomes_file.unlink(missing_ok=True)
+    ini = work / "pytest.ini"
+    # An empty ini of our own: the suite is not configured by this project's pytest
+    # settings (--strict-markers would reject vLLM's unregistered marks).
+    ini.write_text("[pytest]\n")
+
+    overlay: dict[str, str] = {}
+    if suite.source.checkout:
+        # The checkout's own vllm/ folder would shadow the installed package through
+        # pytest's rootdir on sys.path; pin vllm to the installed one, then serve only
+        # the target module from the checkout.
+        package = target.installed_path.parents[len(target.module.split(".")) - 2]
+        overlay = {"vllm": str(package / "__init__.py"), target.module: str(target.path)}
+
+    spec = {
+        "overlay": overlay,
+        "include": [str(target.path)],
+        "data_file": str(data_file),
+        "outcomes": str(outcomes_file),
+        "pytest_args": [
+            *(str(p) for p in suite.paths),
+            "-c",
+            str(ini),
+            f"--rootdir={suite.source.root}",
+            f"--confcutdir={suite.source.root / config.confcutdir}",
+            "-p",
+            "no:cacheprovider",
+            "-W",
+            "ignore::pytest.PytestUnknownMarkWarning",
+            "-q",
+        ],
+    }
+    spec_file = work / "baseline-spec.json"
+    spec_file.write_text(json.dumps(spec, indent=1))
+    hf_home = prepare_hf_home(config.cache_dir, config.offline_models)
+
+    started = time.monotonic()
+    with log.open("w") as out:
+        out.write(f"# vLLM tests: {suite.source.origin}\n# selection: {suite.selection}\n")
+        out.flush()
+        process = subprocess.run(
+            [sys.executable, "-m", "audit._child", str(spec_file)],
+            cwd=suite.source.root,
+            env=child_environment(environ(), hf_home),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            check=False,
+        )
+    duration = time.monotonic() - started
+    return _judge(process.returncode, outcomes_file, suite, target, data_file, log, duration)
+
+
+def _judge(
+    returncode: int,
+    outcomes_file: Path,
+    suite: Suite,
+    target: Target,
+    data_file: Path,
+    log: Path,
+    duration: float,
+) -> BaselineRun:
+    if not outcomes_file.is_file():
+        raise BaselineFailed(
+            f"the test process ended (exit {returncode}) before reporting any outcome",
+            details={"log": str(log), "next": "read the log's last lines"},
+        )
+    outcomes = json.loads(outcomes_file.read_text())
+    if outcomes["collection_errors"]:
+        first = outcomes["collection_errors"][0]
+        raise BaselineFailed(
+            f"the fence suite failed to collect ({len(outcomes['collection_errors'])} errors)",
+            details={
+                "first error": first["nodeid"] or "(session)",
+                "log": str(log),
+                "next": "fix the import error; a suite that does not load guards nothing",
+            },
+        )
+    if outcomes["collected"] == 0 or returncode == PYTEST_NO_TESTS_COLLECTED:
+        raise NoTestsSelected(
+            "the test selection collected no test",
+            details={
+                "selection": ", ".join(suite.selection),
+                "log": str(log),
+                "next": "check [tool.fence-audit.suite] paths or --suite",
+            },
+        )
+    tests = tuple(
+        TestResult(
+            test_id=test_id,
+            outcome=TestOutcome(entry["outcome"]),
+            duration_s=round(entry["duration_s"], 6),
+            failure=entry["failure"],
+        )
+        for test_id, entry in outcomes["tests"].items()
+    )
+    red = [t for t in tests if t.outcome.is_red]
+    if red or returncode not in (0, PYTEST_NO_TESTS_COLLECTED):
+        names = "\n    ".join(t.test_id for t in red[:10]) or f"(pytest exit {returncode})"
+        more = f" (and {len(red) - 10} more)" if len(red) > 10 else ""
+        raise BaselineFailed(
+            f"the baseline failed before any mutant was applied "
+            f"({len(red)} of {len(tests)} tests failed)",
+            details={
+                "failed": names + more,
+                "log": str(log),
+                "next": "fix or deselect the failing tests; mutants are judged only "
+                "against a green baseline",
+            },
+        )
+    return BaselineRun(target=target, tests=tests, data_file=data_file, log=log, duration_s=duration)

@@ -1,0 +1,122 @@
+"""The ``fence-audit`` command. The only place that catches :class:`AuditError`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+from audit import __version__, pipeline
+from audit.config import Config, load_config, parse_suite_path
+from audit.coverage_map import format_table
+from audit.errors import AuditError, ExitCode
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--config",
+        type=Path,
+        help="pyproject.toml holding [tool.fence-audit] (default: ./pyproject.toml if present)",
+    )
+    common.add_argument("--reports", type=Path, help="output folder (default: reports)")
+    common.add_argument("--cache-dir", type=Path, help="download cache (default: see README)")
+    common.add_argument(
+        "--vllm-src",
+        type=Path,
+        metavar="PATH",
+        help="a local vLLM checkout: its tests and its target module are audited",
+    )
+
+    parser = argparse.ArgumentParser(
+        prog="fence-audit",
+        description="Mutation-testing and coverage audit of vLLM's KV-offloading fence.",
+    )
+    parser.add_argument("--version", action="version", version=f"fence-audit {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    cov = commands.add_parser(
+        "coverage",
+        parents=[common],
+        help="run the fence suite under per-test coverage; print the region table",
+    )
+    cov.add_argument(
+        "--suite",
+        action="append",
+        default=[],
+        metavar="ROOT:PATH",
+        help="a test path (vllm:PATH or project:PATH); repeat to select several; "
+        "replaces the configured selection",
+    )
+    commands.add_parser(
+        "regions", parents=[common], help="resolve the regions against the audited source"
+    )
+    commands.add_parser(
+        "fetch", parents=[common], help="fetch vLLM's tests for the installed version into the cache"
+    )
+    return parser
+
+
+def configure(args: argparse.Namespace) -> Config:
+    pyproject = args.config
+    if pyproject is None and Path("pyproject.toml").is_file():
+        pyproject = Path("pyproject.toml")
+    config = load_config(pyproject.resolve() if pyproject else None)
+    changes: dict[str, object] = {}
+    if args.reports:
+        changes["reports_dir"] = args.reports.resolve()
+    if args.cache_dir:
+        changes["cache_dir"] = args.cache_dir.resolve()
+    return dataclasses.replace(config, **changes) if changes else config
+
+
+def run(args: argparse.Namespace) -> ExitCode:
+    config = configure(args)
+    prepared = pipeline.prepare(config, vllm_src=args.vllm_src)
+    print(f"fence-audit: vLLM {prepared.vllm.version}; tests from {prepared.source.origin}")
+    print(f"fence-audit: target {prepared.target.module} ({prepared.target.path})")
+    if args.command == "fetch":
+        print(f"fence-audit: vLLM's tests are in {prepared.source.root}")
+        return ExitCode.OK
+    if args.command == "regions":
+        for region in prepared.regions:
+            spans = ", ".join(f"{s.start}-{s.end}" for s in region.spans)
+            print(f"{region.name:<16} {len(region.lines):>4} lines  {spans}")
+        return ExitCode.OK
+
+    entries = tuple(parse_suite_path(s) for s in args.suite)
+    stage = pipeline.coverage(prepared, entries)
+    reports = config.reports_dir
+    print(
+        f"fence-audit: baseline green: {len(stage.run.tests)} tests in "
+        f"{stage.run.duration_s:.1f}s (log: {stage.run.log})"
+    )
+    print(f"fence-audit: installed {stage.after.path.name} unchanged (sha256 {stage.after.sha256})")
+    print(f"fence-audit: coverage HTML: {reports / 'coverage' / 'index.html'}")
+    print(f"fence-audit: regions: {reports / 'regions.json'}; map: {reports / 'coverage-map.json'}")
+    print()
+    print(format_table(stage.regions))
+    return ExitCode.OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(run(args))
+    except AuditError as error:
+        print(error.render(), file=sys.stderr)
+        return int(error.exit_code)
+    except KeyboardInterrupt:
+        print("fence-audit: interrupted", file=sys.stderr)
+        return 130
+    except Exception:
+        traceback.print_exc()
+        print(
+            "fence-audit: internal error (a bug in fence-audit; please report it with the "
+            "traceback above)",
+            file=sys.stderr,
+        )
+        return int(ExitCode.INTERNAL)

@@ -1,0 +1,179 @@
+"""From the baseline's coverage data to what later stages read.
+
+- the line -> test ids map of the target file (``reports/coverage-map.json``),
+- per-region line and branch coverage and the tests that touch each region
+  (``reports/regions.json``),
+- coverage.py's own HTML with contexts shown (``reports/coverage/``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import coverage
+from coverage.parser import PythonParser
+
+from audit.model import (
+    COVERAGE_MAP_FORMAT,
+    REGIONS_FORMAT,
+    BaselineRun,
+    Count,
+    CoverageMap,
+    RegionCoverage,
+)
+from audit.regions import Region
+
+
+def build_coverage_map(run: BaselineRun, vllm_version: str) -> CoverageMap:
+    data = coverage.CoverageData(basename=str(run.data_file))
+    data.read()
+    by_line = data.contexts_by_lineno(str(run.target.path))
+    return CoverageMap(
+        target=run.target,
+        vllm_version=vllm_version,
+        lines={
+            line: tuple(sorted(c for c in contexts if c))
+            for line, contexts in sorted(by_line.items())
+            if any(contexts)
+        },
+        durations={t.test_id: t.duration_s for t in run.tests},
+    )
+
+
+def region_coverage(run: BaselineRun, regions: tuple[Region, ...]) -> tuple[RegionCoverage, ...]:
+    parser = PythonParser(filename=str(run.target.path))
+    parser.parse_source()
+    data = coverage.CoverageData(basename=str(run.data_file))
+    data.read()
+    executed_lines = set(data.lines(str(run.target.path)) or ())
+    executed_arcs = set(data.arcs(str(run.target.path)) or ())
+    contexts = data.contexts_by_lineno(str(run.target.path))
+
+    exits: dict[int, set[int]] = defaultdict(set)
+    for source, dest in parser.arcs():
+        exits[source].add(dest)
+    branch_lines = {line for line, dests in exits.items() if len(dests) > 1}
+
+    result = []
+    for region in regions:
+        statements = sorted(parser.statements & region.lines)
+        missed = tuple(line for line in statements if line not in executed_lines)
+        branch_total = branch_covered = 0
+        for line in branch_lines & set(statements):
+            branch_total += len(exits[line])
+            branch_covered += sum((line, dest) in executed_arcs for dest in exits[line])
+        tests = sorted({c for line in statements for c in contexts.get(line, ()) if c})
+        result.append(
+            RegionCoverage(
+                name=region.name,
+                description=region.description,
+                functions=region.functions,
+                spans=tuple((s.function, s.start, s.end) for s in region.spans),
+                lines=Count(covered=len(statements) - len(missed), total=len(statements)),
+                branches=Count(covered=branch_covered, total=branch_total),
+                missed_lines=missed,
+                tests=tuple(tests),
+            )
+        )
+    return tuple(result)
+
+
+def write_coverage_map(cmap: CoverageMap, path: Path) -> None:
+    test_ids = sorted({t for tests in cmap.lines.values() for t in tests} | set(cmap.durations))
+    index = {test_id: i for i, test_id in enumerate(test_ids)}
+    write_json(
+        path,
+        {
+            "format": COVERAGE_MAP_FORMAT,
+            "vllm_version": cmap.vllm_version,
+            "target": {
+                "module": cmap.target.module,
+                "path": str(cmap.target.path),
+                "sha256": cmap.target.sha256,
+            },
+            "tests": [
+                {"id": test_id, "duration_s": cmap.durations.get(test_id, 0.0)}
+                for test_id in test_ids
+            ],
+            # line number -> indices into "tests"
+            "lines": {str(line): [index[t] for t in tests] for line, tests in cmap.lines.items()},
+        },
+    )
+
+
+def write_regions(regions: tuple[RegionCoverage, ...], run: BaselineRun, path: Path) -> None:
+    write_json(
+        path,
+        {
+            "format": REGIONS_FORMAT,
+            "target": {"module": run.target.module, "path": str(run.target.path)},
+            "regions": {
+                r.name: {
+                    "description": r.description,
+                    "functions": list(r.functions),
+                    "spans": [{"function": f, "start": a, "end": b} for f, a, b in r.spans],
+                    "lines": {"covered": r.lines.covered, "total": r.lines.total},
+                    "branches": {"covered": r.branches.covered, "total": r.branches.total},
+                    "missed_lines": list(r.missed_lines),
+                    "tests": list(r.tests),
+                }
+                for r in regions
+            },
+        },
+    )
+
+
+def write_html(run: BaselineRun, directory: Path) -> None:
+    """coverage.py's HTML for the target file, contexts shown; replaced atomically."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=directory.parent, prefix=".coverage-html-"))
+    try:
+        cov = coverage.Coverage(data_file=str(run.data_file), branch=True, config_file=False)
+        cov.load()
+        cov.html_report(
+            directory=str(staging),
+            include=[str(run.target.path)],
+            show_contexts=True,
+            title=f"fence-audit baseline: {run.target.module}",
+        )
+        if directory.exists():
+            shutil.rmtree(directory)
+        staging.replace(directory)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+
+
+def format_table(regions: tuple[RegionCoverage, ...]) -> str:
+    header = ("region", "functions", "lines", "branches", "tests")
+    rows = [
+        (
+            r.name,
+            str(len(r.functions)),
+            f"{r.lines.covered}/{r.lines.total} ({r.lines.percent:.0f}%)",
+            f"{r.branches.covered}/{r.branches.total} ({r.branches.percent:.0f}%)",
+            str(len(r.tests)),
+        )
+        for r in regions
+    ]
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    rule = "  ".join("-" * w for w in widths)
+    title = "  ".join(cell.ljust(w) for cell, w in zip(header, widths, strict=True))
+    return "\n".join([title, rule, *lines])
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write JSON atomically: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as out:
+        json.dump(data, out, indent=1, sort_keys=False)
+        out.write("\n")
+    Path(tmp).replace(path)

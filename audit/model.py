@@ -1,0 +1,86 @@
+"""The data that crosses stages: frozen, slotted dataclasses, and the file formats.
+
+Every file the audit writes carries a format version. History:
+
+- coverage-map.json, regions.json: format 1 (first release).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+COVERAGE_MAP_FORMAT = 1
+REGIONS_FORMAT = 1
+
+
+class TestOutcome(str, Enum):
+    PASSED = "passed"
+    FAILED = "failed"
+    ERROR = "error"
+    SKIPPED = "skipped"
+    XFAILED = "xfailed"
+
+    @property
+    def is_red(self) -> bool:
+        return self in (TestOutcome.FAILED, TestOutcome.ERROR)
+
+
+@dataclass(frozen=True, slots=True)
+class TestResult:
+    test_id: str  # pytest node id
+    outcome: TestOutcome
+    duration_s: float
+    failure: str = ""  # the last lines of pytest's report, when red
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The audited module: where its code is read from, and the installed file."""
+
+    module: str
+    path: Path  # the file whose lines are measured and mutated
+    installed_path: Path
+    sha256: str  # of ``path``
+
+
+@dataclass(frozen=True, slots=True)
+class BaselineRun:
+    target: Target
+    tests: tuple[TestResult, ...]
+    data_file: Path  # coverage.py data, one context per test id
+    log: Path
+    duration_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Count:
+    covered: int
+    total: int
+
+    @property
+    def percent(self) -> float:
+        return 100.0 * self.covered / self.total if self.total else 100.0
+
+
+@dataclass(frozen=True, slots=True)
+class RegionCoverage:
+    name: str
+    description: str
+    functions: tuple[str, ...]
+    spans: tuple[tuple[str, int, int], ...]  # (function, first line, last line)
+    lines: Count
+    branches: Count
+    missed_lines: tuple[int, ...]
+    tests: tuple[str, ...]  # test ids whose context executed a line of the region
+
+
+@dataclass(frozen=True, slots=True)
+class CoverageMap:
+    """Line -> test ids that executed it, for the target file (the mutation stage's input)."""
+
+    target: Target
+    vllm_version: str
+    lines: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    durations: dict[str, float] = field(default_factory=dict)
