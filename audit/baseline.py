@@ -8,6 +8,7 @@ baseline or an empty selection stops the audit here, before any mutant.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -25,30 +26,51 @@ PYTEST_NO_TESTS_COLLECTED = 5
 
 @dataclass(frozen=True, slots=True)
 class Suite:
-    """The selected test paths, resolved to files and folders that exist."""
+    """The selected test paths, inside a staged suite root that pytest runs from."""
 
     source: TestSource
-    paths: tuple[Path, ...]
+    root: Path  # the staged root: tests/ (vLLM's) and project/ (this repository)
+    paths: tuple[str, ...]  # relative to root; node ids keep any ::test part
     selection: tuple[str, ...]  # the configured entries, for messages
 
 
-def resolve_suite(config: Config, source: TestSource, entries: tuple[SuitePath, ...]) -> Suite:
-    paths: list[Path] = []
+def stage_suite(
+    config: Config, source: TestSource, entries: tuple[SuitePath, ...], work: Path
+) -> Suite:
+    """Lay out one root holding vLLM's tests and this project's, then select paths.
+
+    ``tests/`` mirrors vLLM's tests folder by symlinks, all but its root
+    ``conftest.py`` (LLM runners, media assets: heavy, and not needed by the fence
+    suite); ``project`` links to this repository. Test ids are then stable and
+    short (``tests/v1/...::test_x``, ``project/tests/fence/...``), and vLLM's own
+    ``vllm/`` folder, in a checkout, never lands on ``sys.path``.
+    """
+    root = work / "suite"
+    if root.exists():
+        shutil.rmtree(root)
+    (root / "tests").mkdir(parents=True)
+    for entry in (source.root / "tests").iterdir():
+        if entry.name not in ("conftest.py", "__pycache__"):
+            (root / "tests" / entry.name).symlink_to(entry)
+    (root / "project").symlink_to(config.project_dir)
+
+    paths: list[str] = []
     for entry in entries:
-        base = source.root if entry.root == "vllm" else config.project_dir
-        path = base / entry.path
-        if path.exists():
-            paths.append(path)
+        prefix = "" if entry.root == "vllm" else "project/"
+        file_part, sep, test_part = entry.path.partition("::")  # a node id selects one test
+        if (root / prefix / file_part).exists():
+            paths.append(f"{prefix}{file_part}{sep}{test_part}")
         elif not entry.optional:
+            base = source.root if entry.root == "vllm" else config.project_dir
             raise ConfigError(
                 f"suite path {entry} does not exist",
                 details={
-                    "looked in": str(path),
+                    "looked in": str(base / file_part),
                     "vLLM tests": source.origin,
                     "next": "fix [tool.fence-audit.suite] paths or --suite",
                 },
             )
-    return Suite(source=source, paths=tuple(paths), selection=tuple(str(e) for e in entries))
+    return Suite(source, root, tuple(paths), tuple(str(e) for e in entries))
 
 
 def run_baseline(config: Config, suite: Suite, target: Target, work: Path) -> BaselineRun:
@@ -66,13 +88,9 @@ def run_baseline(config: Config, suite: Suite, target: Target, work: Path) -> Ba
     # settings (--strict-markers would reject vLLM's unregistered marks).
     ini.write_text("[pytest]\n")
 
-    overlay: dict[str, str] = {}
-    if suite.source.checkout:
-        # The checkout's own vllm/ folder would shadow the installed package through
-        # pytest's rootdir on sys.path; pin vllm to the installed one, then serve only
-        # the target module from the checkout.
-        package = target.installed_path.parents[len(target.module.split(".")) - 2]
-        overlay = {"vllm": str(package / "__init__.py"), target.module: str(target.path)}
+    # With a checkout, only the target module is served from it; the rest of vLLM
+    # is the installed package.
+    overlay = {target.module: str(target.path)} if suite.source.checkout else {}
 
     spec = {
         "overlay": overlay,
@@ -80,11 +98,10 @@ def run_baseline(config: Config, suite: Suite, target: Target, work: Path) -> Ba
         "data_file": str(data_file),
         "outcomes": str(outcomes_file),
         "pytest_args": [
-            *(str(p) for p in suite.paths),
+            *suite.paths,
             "-c",
             str(ini),
-            f"--rootdir={suite.source.root}",
-            f"--confcutdir={suite.source.root / config.confcutdir}",
+            f"--rootdir={suite.root}",
             "-p",
             "no:cacheprovider",
             "-W",
@@ -102,7 +119,7 @@ def run_baseline(config: Config, suite: Suite, target: Target, work: Path) -> Ba
         out.flush()
         process = subprocess.run(
             [sys.executable, "-m", "audit._child", str(spec_file)],
-            cwd=suite.source.root,
+            cwd=suite.root,
             env=child_environment(environ(), hf_home),
             stdout=out,
             stderr=subprocess.STDOUT,

@@ -70,7 +70,6 @@ class Config:
     cache_dir: Path
     index_url: str
     suite: tuple[SuitePath, ...]
-    confcutdir: str
     offline_models: tuple[str, ...]
     regions: tuple[RegionSpec, ...]
 
@@ -85,7 +84,7 @@ class Config:
 
 
 _TOP_KEYS = {"vllm-version", "target", "reports", "cache-dir", "index-url", "suite", "regions"}
-_SUITE_KEYS = {"paths", "confcutdir", "offline-models"}
+_SUITE_KEYS = {"paths", "offline-models"}
 
 
 def default_table() -> dict[str, Any]:
@@ -156,7 +155,6 @@ def parse_config(table: dict[str, Any], *, source: str, project_dir: Path) -> Co
         cache_dir=Path(_expect(cache, str, "cache-dir", source)) if cache else default_cache_dir(),
         index_url=os.environ.get(INDEX_URL_ENV) or _string(table, "index-url", source),
         suite=tuple(parse_suite_path(p, source) for p in _strings(suite_table, "paths", source)),
-        confcutdir=_string(suite_table, "confcutdir", source),
         offline_models=_strings(suite_table, "offline-models", source),
         regions=parse_regions(table.get("regions", {}), source),
     )

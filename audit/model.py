@@ -16,6 +16,8 @@ REGIONS_FORMAT = 1
 
 
 class TestOutcome(str, Enum):
+
+    __test__ = False  # not a pytest test class
     PASSED = "passed"
     FAILED = "failed"
     ERROR = "error"
@@ -29,6 +31,8 @@ class TestOutcome(str, Enum):
 
 @dataclass(frozen=True, slots=True)
 class TestResult:
+
+    __test__ = False  # not a pytest test class
     test_id: str  # pytest node id
     outcome: TestOutcome
     duration_s: float

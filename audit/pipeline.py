@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from audit import coverage_map, environment, sources
-from audit.baseline import resolve_suite, run_baseline
+from audit.baseline import run_baseline, stage_suite
 from audit.config import Config, SuitePath
 from audit.environment import Fingerprint
 from audit.model import BaselineRun, RegionCoverage, Target
@@ -63,8 +63,9 @@ def prepare(config: Config, *, vllm_src: Path | None = None) -> Prepared:
 
 def coverage(prepared: Prepared, suite_entries: tuple[SuitePath, ...] = ()) -> CoverageStage:
     config = prepared.config
-    suite = resolve_suite(config, prepared.source, suite_entries or config.suite)
-    run = run_baseline(config, suite, prepared.target, config.reports_dir / ".work")
+    work = config.reports_dir / ".work"
+    suite = stage_suite(config, prepared.source, suite_entries or config.suite, work)
+    run = run_baseline(config, suite, prepared.target, work)
     after = environment.verify_untouched(prepared.vllm, config.target)
     cmap = coverage_map.build_coverage_map(run, prepared.vllm.version)
     regions = coverage_map.region_coverage(run, prepared.regions)

@@ -81,7 +81,7 @@ def statement_text(stmt: ast.stmt) -> str:
     text = ast.unparse(stmt)
     if _body_of(stmt):
         text = text.split("\n", 1)[0]
-    return " ".join(text.split())
+    return _normalise(text)
 
 
 def _resolve_region(tree: ast.Module, spec: RegionSpec, filename: str) -> Region:
@@ -208,4 +208,5 @@ def _end(node: ast.stmt) -> int:
 
 
 def _normalise(text: str) -> str:
-    return " ".join(text.split())
+    """Drop all whitespace: ast.unparse's spacing and a config's spacing may differ."""
+    return "".join(text.split())

@@ -35,6 +35,8 @@ TIMEOUT_S = 60
 class TestSource:
     """A folder that holds vLLM's ``tests/`` package, and where it came from."""
 
+    __test__ = False  # not a pytest test class
+
     root: Path
     origin: str  # "sdist vllm-0.33.0.tar.gz (sha256 ...)" or "checkout PATH"
     checkout: bool = False

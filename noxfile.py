@@ -1,0 +1,130 @@
+"""Sessions of fence-audit. CI calls only these, so a local run is the CI run.
+
+The lean vLLM environment (vLLM without its GPU dependency set, CPU torch, the
+import chain pinned in locks/vllm-<version>.txt) is one virtualenv shared by the
+sessions that need it, under .nox/lean-vllm-<version>; it is rebuilt only when
+the lock file or pyproject.toml changes.
+
+Configuration (environment variables; defaults in brackets):
+  FENCE_AUDIT_VLLM_VERSION  vLLM version to install [pyproject's vllm-version]
+  FENCE_AUDIT_TORCH_INDEX   extra index for the CPU torch wheel [none: pip's own
+                            configuration; https://download.pytorch.org/whl/cpu
+                            avoids the multi-GB CUDA build from PyPI]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import tomllib
+from pathlib import Path
+
+import nox
+
+nox.options.sessions = ["tests"]
+nox.options.reuse_venv = "yes"
+nox.needs_version = ">=2024.4.15"
+
+ROOT = Path(__file__).parent
+PYPROJECT = ROOT / "pyproject.toml"
+LOCKS = ROOT / "locks"
+LINT_TOOLS = ("ruff==0.17.6", "mypy==2.4.1")
+
+
+def vllm_version() -> str:
+    configured = tomllib.loads(PYPROJECT.read_text())["tool"]["fence-audit"]["vllm-version"]
+    return os.environ.get("FENCE_AUDIT_VLLM_VERSION", configured)
+
+
+def lean_env(session: nox.Session) -> Path:
+    """Create (or reuse) the lean vLLM environment; return its bin folder."""
+    version = vllm_version()
+    lock = LOCKS / f"vllm-{version}.txt"
+    if not lock.is_file():
+        session.error(
+            f"no lock file for vLLM {version} ({lock.relative_to(ROOT)}); "
+            f"write locks/vllm-{version}.in and run `nox -s lock -- {version}`"
+        )
+    venv = ROOT / ".nox" / f"lean-vllm-{version}"
+    bindir = venv / "bin"
+    stamp = venv / ".fence-audit-stamp"
+    digest = hashlib.sha256(lock.read_bytes() + PYPROJECT.read_bytes()).hexdigest()
+    if stamp.is_file() and stamp.read_text() == digest:
+        session.log(f"reusing {venv.relative_to(ROOT)} (lock unchanged)")
+        return bindir
+    if venv.exists():
+        session.run(sys.executable, "-c", f"import shutil; shutil.rmtree({str(venv)!r})")
+    session.run(sys.executable, "-m", "venv", str(venv), external=True)
+    pip = [str(bindir / "python"), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    extra = os.environ.get("FENCE_AUDIT_TORCH_INDEX")
+    index_args = ["--extra-index-url", extra] if extra else []
+    session.run(*pip, "--no-deps", *index_args, "-r", str(lock), external=True)
+    session.run(*pip, "--no-deps", "-e", str(ROOT), external=True)
+    session.run(str(bindir / "python"), "-c", "import vllm, torch, audit", external=True)
+    stamp.write_text(digest)
+    return bindir
+
+
+def fence_audit(session: nox.Session, *args: str) -> None:
+    bindir = lean_env(session)
+    session.run(str(bindir / "fence-audit"), *args, *session.posargs, external=True)
+
+
+@nox.session(venv_backend="none")
+def audit(session: nox.Session) -> None:
+    """Run the audit end to end on the configured vLLM version."""
+    fence_audit(session, "coverage")
+
+
+@nox.session(venv_backend="none", default=False)
+def coverage(session: nox.Session) -> None:
+    """Run the fence suite under per-test coverage and print the region table."""
+    fence_audit(session, "coverage")
+
+
+@nox.session(venv_backend="none")
+def tests(session: nox.Session) -> None:
+    """Run fence-audit's own tests (unit, integration, and against real vLLM)."""
+    bindir = lean_env(session)
+    session.run(str(bindir / "python"), "-m", "pytest", *session.posargs, external=True)
+
+
+@nox.session(default=False)
+def lint(session: nox.Session) -> None:
+    """ruff (lint and format check) and mypy strict on the package."""
+    session.install(*LINT_TOOLS, "-e", ".")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    session.run("mypy")
+
+
+@nox.session(default=False)
+def lock(session: nox.Session) -> None:
+    """Resolve locks/vllm-VERSION.in into locks/vllm-VERSION.txt (pass VERSION)."""
+    version = session.posargs[0] if session.posargs else vllm_version()
+    source = LOCKS / f"vllm-{version}.in"
+    if not source.is_file():
+        session.error(f"{source.relative_to(ROOT)} is missing: list vLLM's import chain there")
+    no_deps, resolved = [], []
+    for raw in source.read_text().splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if line.startswith("--no-deps "):
+            no_deps.append(line.removeprefix("--no-deps ").strip())
+        elif line:
+            resolved.append(line)
+    session.install("--no-deps", *no_deps)
+    session.install(*resolved)
+    frozen = session.run("python", "-m", "pip", "freeze", "--exclude-editable", silent=True)
+    assert isinstance(frozen, str)
+    pins = sorted(
+        line.split("+", 1)[0] if line.lower().startswith("torch==") else line
+        for line in frozen.splitlines()
+        if "==" in line and not line.startswith(("pip==", "setuptools==", "wheel=="))
+    )
+    header = (
+        f"# Generated by `nox -s lock -- {version}` from vllm-{version}.in; installed with "
+        "pip --no-deps.\n# Every package of the lean vLLM environment, pinned. "
+        "Do not edit by hand.\n"
+    )
+    (LOCKS / f"vllm-{version}.txt").write_text(header + "\n".join(pins) + "\n")

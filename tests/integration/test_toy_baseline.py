@@ -1,0 +1,131 @@
+"""The baseline stage end to end on a toy target package with its own tests.
+
+No vLLM here: the toy's tests run in the same hermetic child process, under the
+same per-test coverage, as vLLM's fence suite does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from audit import coverage_map
+from audit.baseline import run_baseline, stage_suite
+from audit.config import RegionSpec, Selection, StatementSelector, SuitePath, load_config
+from audit.environment import sha256_file
+from audit.errors import BaselineFailed, ExitCode, NoTestsSelected
+from audit.model import Target
+from audit.regions import resolve_regions
+from audit.sources import TestSource
+
+TOY = Path(__file__).parent / "toy"
+REGIONS = (
+    RegionSpec("population", "", (Selection("Fence.register"),)),
+    RegionSpec("removal", "", (Selection("Fence.remove", (StatementSelector("del self"),)),)),
+    RegionSpec("flush", "", (Selection("Fence.flush"),)),
+)
+
+
+@pytest.fixture
+def toy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[TestSource, Target, Path]:
+    root = tmp_path / "toy"
+    shutil.copytree(TOY, root)
+    # The toy package is "installed" for the test process, as vLLM is in site-packages.
+    monkeypatch.setenv("PYTHONPATH", str(root))
+    path = root / "toypkg" / "fence.py"
+    target = Target("toypkg.fence", path, path, sha256_file(path))
+    return TestSource(root=root, origin="toy"), target, tmp_path / "reports"
+
+
+def run(toy: tuple[TestSource, Target, Path], *paths: str):  # type: ignore[no-untyped-def]
+    source, target, reports = toy
+    config = dataclasses.replace(
+        load_config(),
+        target=target.module,
+        reports_dir=reports,
+        cache_dir=reports.parent / "cache",
+        project_dir=reports.parent,
+        offline_models=(),
+    )
+    entries = tuple(SuitePath("vllm", p) for p in paths)
+    suite = stage_suite(config, source, entries, reports / ".work")
+    return run_baseline(config, suite, target, reports / ".work"), config
+
+
+def test_each_line_maps_to_the_tests_that_ran_it(toy) -> None:  # type: ignore[no-untyped-def]
+    baseline, _ = run(toy, "tests/test_fence.py")
+    cmap = coverage_map.build_coverage_map(baseline, "toy")
+    source = toy[1].path.read_text().splitlines()
+    line = next(i for i, text in enumerate(source, 1) if "del self.pending[block]" in text)
+    assert cmap.lines[line] == ("tests/test_fence.py::test_register_then_remove_drains",)
+    skip = next(i for i, text in enumerate(source, 1) if text.strip() == "continue")
+    assert cmap.lines[skip] == ("tests/test_fence.py::test_register_skips_null_block",)
+    assert len(baseline.tests) == 3
+
+
+def test_region_coverage_counts_lines_branches_and_tests(toy) -> None:  # type: ignore[no-untyped-def]
+    baseline, _ = run(toy, "tests/test_fence.py")
+    regions = resolve_regions(toy[1].path.read_text(), REGIONS, filename="fence.py")
+    by_name = {r.name: r for r in coverage_map.region_coverage(baseline, regions)}
+    population = by_name["population"]
+    assert population.lines.covered == population.lines.total == 4
+    assert population.branches.covered == population.branches.total == 4
+    assert len(population.tests) == 3
+    assert by_name["removal"].lines.total == 1
+    assert by_name["removal"].tests == ("tests/test_fence.py::test_register_then_remove_drains",)
+    flush = by_name["flush"]
+    assert (flush.lines.covered, flush.lines.total, flush.tests) == (0, 1, ())
+
+
+def test_reports_are_written_with_contexts(toy) -> None:  # type: ignore[no-untyped-def]
+    baseline, config = run(toy, "tests/test_fence.py")
+    regions = resolve_regions(toy[1].path.read_text(), REGIONS, filename="fence.py")
+    coverage_map.write_html(baseline, config.reports_dir / "coverage")
+    coverage_map.write_coverage_map(
+        coverage_map.build_coverage_map(baseline, "toy"), config.reports_dir / "map.json"
+    )
+    html = "".join(p.read_text() for p in (config.reports_dir / "coverage").glob("*fence_py.html"))
+    assert "test_register_then_remove_drains" in html
+    data = json.loads((config.reports_dir / "map.json").read_text())
+    assert data["format"] == 1
+    assert {t["id"] for t in data["tests"]} >= {
+        "tests/test_fence.py::test_register_skips_null_block"
+    }
+    del regions
+
+
+def test_red_baseline_names_the_failing_test_and_the_log(toy) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(BaselineFailed) as info:
+        run(toy, "tests/test_fence.py", "tests/test_red.py")
+    assert info.value.exit_code == ExitCode.BASELINE_FAILED
+    assert "1 of 4 tests failed" in info.value.summary
+    assert "tests/test_red.py::test_always_red" in info.value.details["failed"]
+    assert Path(info.value.details["log"]).is_file()
+
+
+def test_selection_without_tests_is_its_own_error(toy) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(NoTestsSelected) as info:
+        run(toy, "tests/test_empty.py")
+    assert info.value.exit_code == ExitCode.NO_TESTS_SELECTED
+    assert "vllm:tests/test_empty.py" in info.value.details["selection"]
+
+
+def test_test_process_has_no_network(toy) -> None:  # type: ignore[no-untyped-def]
+    source, _, _ = toy
+    (source.root / "tests" / "test_net.py").write_text(
+        "import socket, pytest\n"
+        "def test_connect_is_refused():\n"
+        "    with pytest.raises(OSError, match='network access is blocked'):\n"
+        "        socket.create_connection(('192.0.2.1', 80), timeout=1)\n"
+        "def test_hub_is_offline_and_private():\n"
+        "    import os\n"
+        "    assert os.environ['HF_HUB_OFFLINE'] == '1'\n"
+        "    assert os.environ['VLLM_TARGET_DEVICE'] == 'cpu'\n"
+        "    assert 'fence-audit' in os.environ['HF_HOME'] or 'cache' in os.environ['HF_HOME']\n"
+    )
+    baseline, _ = run(toy, "tests/test_net.py")
+    assert [t.outcome.value for t in baseline.tests] == ["passed", "passed"]

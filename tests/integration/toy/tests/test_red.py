@@ -1,0 +1,2 @@
+def test_always_red():
+    assert 1 == 2

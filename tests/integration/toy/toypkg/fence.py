@@ -1,0 +1,22 @@
+"""A toy fence: a well-tested function, a badly tested one, and an untested one."""
+
+
+class Fence:
+    def __init__(self) -> None:
+        self.pending: dict[int, set[int]] = {}
+
+    def register(self, job: int, blocks: list[int]) -> None:
+        for block in blocks:
+            if block == 0:
+                continue
+            self.pending.setdefault(block, set()).add(job)
+
+    def remove(self, job: int, blocks: list[int]) -> None:
+        for block in blocks:
+            jobs = self.pending[block]
+            jobs.remove(job)
+            if not jobs:
+                del self.pending[block]
+
+    def flush(self, allocated: set[int]) -> set[int]:
+        return {job for block in allocated if block in self.pending for job in self.pending[block]}

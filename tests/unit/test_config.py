@@ -1,0 +1,123 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from audit.config import load_config, parse_suite_path
+from audit.errors import ConfigError, ExitCode
+
+
+def write_pyproject(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "pyproject.toml"
+    path.write_text(body)
+    return path
+
+
+def test_defaults_name_the_four_fence_regions_for_vllm_0_33_0() -> None:
+    config = load_config()
+    assert config.vllm_version == "0.33.0"
+    assert [r.name for r in config.regions] == [
+        "population",
+        "flush",
+        "removal",
+        "sliding_window",
+    ]
+    assert config.target.endswith("offloading.scheduler")
+
+
+def test_project_table_overrides_a_key_and_keeps_the_rest(tmp_path: Path) -> None:
+    path = write_pyproject(tmp_path, '[tool.fence-audit]\nvllm-version = "0.34.0"\n')
+    config = load_config(path)
+    assert config.vllm_version == "0.34.0"
+    assert len(config.regions) == 4
+    assert config.reports_dir == tmp_path / "reports"
+
+
+def test_suite_table_merges_key_by_key(tmp_path: Path) -> None:
+    path = write_pyproject(tmp_path, '[tool.fence-audit.suite]\npaths = ["project:t"]\n')
+    config = load_config(path)
+    assert [str(p) for p in config.suite] == ["project:t"]
+    assert config.offline_models == ("facebook/opt-125m",)
+
+
+def test_user_regions_replace_the_defaults_whole(tmp_path: Path) -> None:
+    path = write_pyproject(
+        tmp_path,
+        """
+[tool.fence-audit.regions.only]
+description = "d"
+[[tool.fence-audit.regions.only.select]]
+function = "f"
+statements = ["x = 1", { match = "if y", part = "header", containing = "z" }]
+""",
+    )
+    config = load_config(path)
+    assert [r.name for r in config.regions] == ["only"]
+    selectors = config.regions[0].selections[0].statements
+    assert selectors[1].part == "header"
+    assert selectors[1].containing == "z"
+
+
+def test_unknown_key_is_an_error_naming_key_and_file(tmp_path: Path) -> None:
+    path = write_pyproject(tmp_path, '[tool.fence-audit]\nvllm_version = "0.33.0"\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert "vllm_version" in info.value.summary
+    assert info.value.details["config"] == str(path)
+    assert info.value.exit_code == ExitCode.USAGE
+
+
+def test_invalid_toml_is_a_config_error(tmp_path: Path) -> None:
+    path = write_pyproject(tmp_path, "[tool.fence-audit\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(path)
+
+
+def test_wrong_statement_part_is_rejected(tmp_path: Path) -> None:
+    path = write_pyproject(
+        tmp_path,
+        """
+[[tool.fence-audit.regions.r.select]]
+function = "f"
+statements = [{ match = "x", part = "body" }]
+""",
+    )
+    with pytest.raises(ConfigError, match="part must be"):
+        load_config(path)
+
+
+def test_region_with_no_selection_is_rejected(tmp_path: Path) -> None:
+    path = write_pyproject(tmp_path, '[tool.fence-audit.regions.r]\ndescription = "d"\n')
+    with pytest.raises(ConfigError, match="selects nothing"):
+        load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "root", "path", "optional"),
+    [
+        ("vllm:tests/a.py", "vllm", "tests/a.py", False),
+        ("project:tests/fence?", "project", "tests/fence", True),
+    ],
+)
+def test_suite_paths_parse(text: str, root: str, path: str, optional: bool) -> None:
+    entry = parse_suite_path(text)
+    assert (entry.root, entry.path, entry.optional) == (root, path, optional)
+    assert str(entry) == text
+
+
+@pytest.mark.parametrize("text", ["tests/a.py", "other:x", "vllm:"])
+def test_suite_path_without_a_known_root_is_rejected(text: str) -> None:
+    with pytest.raises(ConfigError, match="vllm:PATH"):
+        parse_suite_path(text)
+
+
+def test_index_url_can_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FENCE_AUDIT_INDEX_URL", "http://mirror.invalid/simple")
+    assert load_config().index_url == "http://mirror.invalid/simple"
+
+
+def test_cache_dir_defaults_to_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("FENCE_AUDIT_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert load_config().cache_dir == tmp_path / "fence-audit"
