@@ -49,9 +49,9 @@ def stage_suite(
     if root.exists():
         shutil.rmtree(root)
     (root / "tests").mkdir(parents=True)
-    for entry in (source.root / "tests").iterdir():
-        if entry.name not in ("conftest.py", "__pycache__"):
-            (root / "tests" / entry.name).symlink_to(entry)
+    for child in (source.root / "tests").iterdir():
+        if child.name not in ("conftest.py", "__pycache__"):
+            (root / "tests" / child.name).symlink_to(child)
     (root / "project").symlink_to(config.project_dir)
 
     paths: list[str] = []
@@ -186,4 +186,6 @@ def _judge(
                 "against a green baseline",
             },
         )
-    return BaselineRun(target=target, tests=tests, data_file=data_file, log=log, duration_s=duration)
+    return BaselineRun(
+        target=target, tests=tests, data_file=data_file, log=log, duration_s=duration
+    )

@@ -55,7 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
         "regions", parents=[common], help="resolve the regions against the audited source"
     )
     commands.add_parser(
-        "fetch", parents=[common], help="fetch vLLM's tests for the installed version into the cache"
+        "fetch",
+        parents=[common],
+        help="fetch vLLM's tests for the installed version into the cache",
     )
     return parser
 
@@ -65,12 +67,11 @@ def configure(args: argparse.Namespace) -> Config:
     if pyproject is None and Path("pyproject.toml").is_file():
         pyproject = Path("pyproject.toml")
     config = load_config(pyproject.resolve() if pyproject else None)
-    changes: dict[str, object] = {}
     if args.reports:
-        changes["reports_dir"] = args.reports.resolve()
+        config = dataclasses.replace(config, reports_dir=args.reports.resolve())
     if args.cache_dir:
-        changes["cache_dir"] = args.cache_dir.resolve()
-    return dataclasses.replace(config, **changes) if changes else config
+        config = dataclasses.replace(config, cache_dir=args.cache_dir.resolve())
+    return config
 
 
 def run(args: argparse.Namespace) -> ExitCode:

@@ -46,8 +46,7 @@ def installed_vllm(expected_version: str) -> InstalledVllm:
         ) from None
     if dist.version != expected_version:
         raise EnvironmentMismatch(
-            f"installed vLLM is {dist.version}, but the audit is configured for "
-            f"{expected_version}",
+            f"installed vLLM is {dist.version}, but the audit is configured for {expected_version}",
             details={
                 "python": sys.executable,
                 "config": "[tool.fence-audit] vllm-version",

@@ -76,18 +76,25 @@ class NetworkBlocked(OSError):
 
 def block_network() -> None:
     """Refuse every outgoing connection except Unix sockets and loopback."""
-    original = socket.socket.connect
+    original_connect = socket.socket.connect
+    original_connect_ex = socket.socket.connect_ex
 
-    def guarded(self: socket.socket, address: Any) -> None:
-        if self.family == socket.AF_UNIX or _is_loopback(address):
-            original(self, address)
-            return
-        raise NetworkBlocked(
-            f"fence-audit: network access is blocked during the audit (connect to {address!r})"
-        )
+    def check(sock: Any, address: Any) -> None:
+        if sock.family != socket.AF_UNIX and not _is_loopback(address):
+            raise NetworkBlocked(
+                f"fence-audit: network access is blocked during the audit (connect to {address!r})"
+            )
 
-    socket.socket.connect = guarded  # type: ignore[method-assign]
-    socket.socket.connect_ex = lambda self, address: guarded(self, address) or 0  # type: ignore[method-assign]
+    def connect(sock: Any, address: Any) -> None:
+        check(sock, address)
+        original_connect(sock, address)
+
+    def connect_ex(sock: Any, address: Any) -> int:
+        check(sock, address)
+        return original_connect_ex(sock, address)
+
+    socket.socket.connect = connect  # type: ignore[method-assign]
+    socket.socket.connect_ex = connect_ex  # type: ignore[method-assign]
 
 
 def _is_loopback(address: Any) -> bool:

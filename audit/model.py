@@ -8,15 +8,14 @@ Every file the audit writes carries a format version. History:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 
 COVERAGE_MAP_FORMAT = 1
 REGIONS_FORMAT = 1
 
 
-class TestOutcome(str, Enum):
-
+class TestOutcome(StrEnum):
     __test__ = False  # not a pytest test class
     PASSED = "passed"
     FAILED = "failed"
@@ -31,7 +30,6 @@ class TestOutcome(str, Enum):
 
 @dataclass(frozen=True, slots=True)
 class TestResult:
-
     __test__ = False  # not a pytest test class
     test_id: str  # pytest node id
     outcome: TestOutcome

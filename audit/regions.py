@@ -48,7 +48,9 @@ class Region:
         return frozenset(line for span in self.spans for line in span.lines)
 
 
-def resolve_regions(source: str, specs: Iterable[RegionSpec], *, filename: str) -> tuple[Region, ...]:
+def resolve_regions(
+    source: str, specs: Iterable[RegionSpec], *, filename: str
+) -> tuple[Region, ...]:
     """Resolve every region spec against ``source``; regions must not overlap."""
     tree = ast.parse(source, filename=filename)
     regions = tuple(_resolve_region(tree, spec, filename) for spec in specs)
@@ -72,7 +74,7 @@ def find_function(tree: ast.Module, qualname: str) -> FunctionNode | None:
         )
         if found is None:
             return None
-        scope = found.body  # type: ignore[attr-defined]
+        scope = found.body
     return found if isinstance(found, ast.FunctionDef | ast.AsyncFunctionDef) else None
 
 
@@ -105,7 +107,7 @@ def _select(function: FunctionNode, selection: Selection, region: str, filename:
     body = _without_docstring(function.body)
     if not selection.statements:
         return [Span(selection.function, body[0].lineno, _end(body[-1]), "")]
-    spans = []
+    spans: list[Span] = []
     for selector in selection.statements:
         matches = _outermost(stmt for stmt in _statements(body) if _matches(stmt, selector))
         if not matches:
@@ -184,7 +186,7 @@ def _check_disjoint(regions: tuple[Region, ...], filename: str) -> None:
                     f"regions {owner[line]!r} and {region.name!r} overlap at line {line}",
                     details={
                         "source": f"{filename}:{line}",
-                        "next": "narrow one of the two selections (part = \"header\" keeps "
+                        "next": 'narrow one of the two selections (part = "header" keeps '
                         "a compound statement's header only)",
                     },
                 )

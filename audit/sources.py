@@ -88,7 +88,7 @@ def _find_on_index(index_url: str, filename: str, cache_dir: Path) -> tuple[str,
             listing = json.loads(response.read())
     except (urllib.error.URLError, OSError, TimeoutError) as exc:
         raise SourceUnavailable(
-            f"vLLM's tests are not in the cache and the package index is unreachable",
+            "vLLM's tests are not in the cache and the package index is unreachable",
             details={
                 "cache": str(cache_dir),
                 "index": page,

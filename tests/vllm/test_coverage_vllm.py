@@ -9,9 +9,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+from fence_helpers import FENCE_TESTS, Result, fence_audit
 
 from audit import environment
-from fence_helpers import FENCE_TESTS, Result, fence_audit
 
 # The fence regression tests named in fence-brief section 10.
 FENCE_REGRESSION_TESTS = (

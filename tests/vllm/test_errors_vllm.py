@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from audit.errors import ExitCode
 from fence_helpers import fence_audit
+
+from audit.errors import ExitCode
 
 
 def pyproject(tmp_path: Path, body: str) -> Path:
