@@ -8,6 +8,7 @@ baseline or an empty selection stops the audit here, before any mutant.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from audit.config import Config, SuitePath
 from audit.errors import BaselineFailed, ConfigError, NoTestsSelected
-from audit.hermetic import child_environment, environ, prepare_hf_home
+from audit.hermetic import child_environment, prepare_hf_home
 from audit.model import BaselineRun, Target, TestOutcome, TestResult
 from audit.sources import TestSource
 
@@ -120,7 +121,7 @@ def run_baseline(config: Config, suite: Suite, target: Target, work: Path) -> Ba
         process = subprocess.run(
             [sys.executable, "-m", "audit._child", str(spec_file)],
             cwd=suite.root,
-            env=child_environment(environ(), hf_home),
+            env=child_environment(os.environ, hf_home),
             stdout=out,
             stderr=subprocess.STDOUT,
             check=False,

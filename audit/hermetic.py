@@ -10,7 +10,6 @@ and outgoing connections refused.
 from __future__ import annotations
 
 import json
-import os
 import socket
 from collections.abc import Mapping
 from importlib import resources
@@ -31,6 +30,8 @@ _DROPPED = (
     "HF_TOKEN",
     "HUGGING_FACE_HUB_TOKEN",
     "HF_ENDPOINT",
+    "VLLM_CACHE_ROOT",
+    "VLLM_CONFIG_ROOT",
 )
 
 
@@ -51,12 +52,19 @@ def prepare_hf_home(cache_dir: Path, models: tuple[str, ...]) -> Path:
 
 
 def child_environment(base: Mapping[str, str], hf_home: Path) -> dict[str, str]:
-    """The environment of a test process: offline, CPU platform, private HF home."""
+    """The environment of a test process: offline, CPU platform, private HF home.
+
+    vLLM's own cache and config roots (``~/.cache/vllm``, ``~/.config/vllm`` by
+    default) move beside the private HF home, so nothing is written under the
+    user's home.
+    """
     env = {k: v for k, v in base.items() if k not in _DROPPED}
     env.update(
         {
             "VLLM_TARGET_DEVICE": "cpu",
             "HF_HOME": str(hf_home),
+            "VLLM_CACHE_ROOT": str(hf_home.parent / "vllm-home" / "cache"),
+            "VLLM_CONFIG_ROOT": str(hf_home.parent / "vllm-home" / "config"),
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
             "HF_DATASETS_OFFLINE": "1",
@@ -120,7 +128,3 @@ def _model_config(model: str) -> dict[str, Any]:
         )
     data: dict[str, Any] = json.loads(resource.read_text(encoding="utf-8"))
     return data
-
-
-def environ() -> dict[str, str]:
-    return dict(os.environ)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-import os
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+# Helpers shared by all test folders (fake_index) import by module name.
+sys.path.insert(0, str(Path(__file__).parent))
+from fake_index import FakeIndex
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -16,15 +21,14 @@ def project_root() -> Path:
 
 
 @pytest.fixture
-def isolated_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A private download cache, so a test never reads or fills the user's."""
-    cache = tmp_path / "cache"
-    monkeypatch.setenv("FENCE_AUDIT_CACHE", str(cache))
-    return cache
+def fake_index() -> Iterator[Callable[[str], FakeIndex]]:
+    """Start fake package indexes on loopback; all are shut down after the test."""
+    started: list[FakeIndex] = []
 
+    def start(version: str) -> FakeIndex:
+        started.append(FakeIndex(version))
+        return started[-1]
 
-def shared_cache() -> Path:
-    """The real cache, for tests that need vLLM's sdist (fetched at most once)."""
-    from audit.config import default_cache_dir
-
-    return Path(os.environ.get("FENCE_AUDIT_CACHE", default_cache_dir()))
+    yield start
+    for index in started:
+        index.close()

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
-import io
-import json
-import tarfile
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from fake_index import FakeIndex
 
 from audit.errors import ConfigError, ExitCode, SourceIntegrityError, SourceUnavailable
 from audit.sources import checkout_source, sdist_tests
@@ -19,78 +14,19 @@ from audit.sources import checkout_source, sdist_tests
 VERSION = "9.9.9"
 
 
-def make_sdist() -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for name, text in {
-            f"vllm-{VERSION}/tests/__init__.py": "",
-            f"vllm-{VERSION}/tests/test_x.py": "def test_x():\n    assert True\n",
-            f"vllm-{VERSION}/vllm/__init__.py": "raise ImportError('sdist vllm must stay out')\n",
-        }.items():
-            data = text.encode()
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
-class Index:
-    """A PEP 691 index serving one sdist; ``digest`` is what it publishes."""
-
-    def __init__(self, sdist: bytes, digest: str) -> None:
-        self.sdist, self.digest, self.requests = sdist, digest, []
-        index = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                index.requests.append(self.path)
-                if self.path == "/simple/vllm/":
-                    body = json.dumps(
-                        {
-                            "meta": {"api-version": "1.1"},
-                            "files": [
-                                {
-                                    "filename": f"vllm-{VERSION}.tar.gz",
-                                    "url": f"http://127.0.0.1:{port}/files/vllm.tar.gz",
-                                    "hashes": {"sha256": index.digest},
-                                }
-                            ],
-                        }
-                    ).encode()
-                elif self.path == "/files/vllm.tar.gz":
-                    body = index.sdist
-                else:
-                    self.send_error(404)
-                    return
-                self.send_response(200)
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        port = self.server.server_address[1]
-        self.url = f"http://127.0.0.1:{port}/simple"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-
 @pytest.fixture
-def index() -> Iterator[Index]:
-    sdist = make_sdist()
-    server = Index(sdist, hashlib.sha256(sdist).hexdigest())
-    yield server
-    server.server.shutdown()
+def index(fake_index: Callable[[str], FakeIndex]) -> FakeIndex:
+    return fake_index(VERSION)
 
 
-def test_sdist_tests_are_extracted_and_nothing_else(index: Index, tmp_path: Path) -> None:
+def test_sdist_tests_are_extracted_and_nothing_else(index: FakeIndex, tmp_path: Path) -> None:
     source = sdist_tests(VERSION, index_url=index.url, cache_dir=tmp_path)
     assert (source.root / "tests" / "test_x.py").is_file()
     assert not (source.root / "vllm").exists()
     assert source.target_file("vllm.x") is None
 
 
-def test_second_run_downloads_nothing(index: Index, tmp_path: Path) -> None:
+def test_second_run_downloads_nothing(index: FakeIndex, tmp_path: Path) -> None:
     sdist_tests(VERSION, index_url=index.url, cache_dir=tmp_path)
     assert len(index.requests) == 2
     again = sdist_tests(VERSION, index_url="http://127.0.0.1:9/unreachable", cache_dir=tmp_path)
@@ -98,7 +34,7 @@ def test_second_run_downloads_nothing(index: Index, tmp_path: Path) -> None:
     assert "cached" in again.origin
 
 
-def test_cached_archive_is_reextracted_without_network(index: Index, tmp_path: Path) -> None:
+def test_cached_archive_is_reextracted_without_network(index: FakeIndex, tmp_path: Path) -> None:
     source = sdist_tests(VERSION, index_url=index.url, cache_dir=tmp_path)
     (source.root / ".fence-audit-complete").unlink()
     sdist_tests(VERSION, index_url="http://127.0.0.1:9/unreachable", cache_dir=tmp_path)
@@ -106,7 +42,7 @@ def test_cached_archive_is_reextracted_without_network(index: Index, tmp_path: P
     assert len(index.requests) == 2
 
 
-def test_hash_mismatch_stops_and_keeps_nothing(index: Index, tmp_path: Path) -> None:
+def test_hash_mismatch_stops_and_keeps_nothing(index: FakeIndex, tmp_path: Path) -> None:
     index.digest = "0" * 64
     with pytest.raises(SourceIntegrityError) as info:
         sdist_tests(VERSION, index_url=index.url, cache_dir=tmp_path)
@@ -116,7 +52,7 @@ def test_hash_mismatch_stops_and_keeps_nothing(index: Index, tmp_path: Path) -> 
     assert not (tmp_path / "tests").exists()
 
 
-def test_tampered_cached_archive_is_detected(index: Index, tmp_path: Path) -> None:
+def test_tampered_cached_archive_is_detected(index: FakeIndex, tmp_path: Path) -> None:
     source = sdist_tests(VERSION, index_url=index.url, cache_dir=tmp_path)
     (source.root / ".fence-audit-complete").unlink()
     archive = tmp_path / "sdist" / f"vllm-{VERSION}.tar.gz"
@@ -132,7 +68,9 @@ def test_no_cache_and_no_network_is_source_unavailable(tmp_path: Path) -> None:
     assert "--vllm-src" in info.value.details["next"]
 
 
-def test_version_missing_on_the_index_is_source_unavailable(index: Index, tmp_path: Path) -> None:
+def test_version_missing_on_the_index_is_source_unavailable(
+    index: FakeIndex, tmp_path: Path
+) -> None:
     with pytest.raises(SourceUnavailable, match="not on the package index"):
         sdist_tests("1.0.0", index_url=index.url, cache_dir=tmp_path)
 

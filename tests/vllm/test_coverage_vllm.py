@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from fence_helpers import FENCE_TESTS, Result, fence_audit
 
 from audit import environment
+from audit.config import load_config
 
 # The fence regression tests named in fence-brief section 10.
 FENCE_REGRESSION_TESTS = (
@@ -33,7 +35,16 @@ def audited(tmp_path_factory: pytest.TempPathFactory) -> tuple[Result, Path, str
     reports = tmp_path_factory.mktemp("reports")
     installed = environment.installed_file(environment.installed_vllm("0.33.0"), TARGET)
     before = environment.sha256_file(installed)
-    result = fence_audit("coverage", "--reports", str(reports), cwd=Path.cwd())
+    # A user whose home and Hugging Face cache must stay untouched by the audit.
+    user = tmp_path_factory.mktemp("user")
+    env = {
+        **os.environ,
+        "HOME": str(user),
+        "HF_HOME": str(user / "hf-home"),
+        "FENCE_AUDIT_CACHE": str(load_config().cache_dir),  # the sdist, fetched once
+    }
+    result = fence_audit("coverage", "--reports", str(reports), cwd=Path.cwd(), env=env)
+    assert not list(user.iterdir()), "the audit wrote into the user's home or HF cache"
     return result, reports, before
 
 
@@ -127,6 +138,4 @@ def test_a_checkout_is_audited_from_its_own_files(tmp_path: Path, audited) -> No
 
 
 def _cached_sdist_tests() -> Path:
-    from audit.config import load_config
-
     return load_config().cache_dir / "tests" / "vllm-0.33.0" / "tests"

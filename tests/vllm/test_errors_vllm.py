@@ -49,6 +49,17 @@ def test_no_sdist_in_cache_and_no_network(tmp_path: Path) -> None:
     assert "not in the cache and the package index is unreachable" in result.stderr
 
 
+def test_sdist_hash_mismatch(tmp_path: Path, fake_index) -> None:  # type: ignore[no-untyped-def]
+    index = fake_index("0.33.0")
+    index.digest = "f" * 64  # the index publishes a digest the file does not have
+    env = {**os.environ, "FENCE_AUDIT_INDEX_URL": index.url}
+    result = fence_audit("coverage", "--cache-dir", str(tmp_path / "cache"), cwd=tmp_path, env=env)
+    assert result.returncode == ExitCode.SOURCE_INTEGRITY == 9
+    assert "does not match the sha256 the package index publishes" in result.stderr
+    assert "f" * 64 in result.stderr
+    assert not (tmp_path / "cache" / "tests").exists()
+
+
 def test_red_baseline(tmp_path: Path) -> None:
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_red.py").write_text("def test_red():\n    assert False\n")

@@ -1,0 +1,115 @@
+"""The coverage map and region coverage, from coverage data recorded in-process."""
+
+from __future__ import annotations
+
+import importlib.util
+import textwrap
+from pathlib import Path
+
+import coverage
+
+from audit import coverage_map
+from audit.config import RegionSpec, Selection, StatementSelector
+from audit.model import BaselineRun, Target, TestOutcome, TestResult
+from audit.regions import resolve_regions
+
+SOURCE = textwrap.dedent(
+    """\
+    def register(fence, job, blocks):
+        for block in blocks:
+            if block == 0:
+                continue
+            fence.setdefault(block, set()).add(job)
+
+
+    def remove(fence, job, blocks):
+        for block in blocks:
+            fence[block].discard(job)
+            if not fence[block]:
+                del fence[block]
+
+
+    def untested(fence):
+        fence.clear()
+    """
+)
+REGIONS = (
+    RegionSpec("population", "", (Selection("register"),)),
+    RegionSpec("removal", "", (Selection("remove", (StatementSelector("del fence[block]"),)),)),
+    RegionSpec("reset", "", (Selection("untested"),)),
+)
+
+
+def recorded_run(tmp_path: Path) -> BaselineRun:
+    """Two 'tests' run under coverage with a context each, as the test process does."""
+    path = tmp_path / "toyfence.py"
+    path.write_text(SOURCE)
+    data_file = tmp_path / "data.coverage"
+    cov = coverage.Coverage(
+        data_file=str(data_file), branch=True, include=[str(path)], config_file=False
+    )
+    cov.start()
+    spec = importlib.util.spec_from_file_location("toyfence", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cov.switch_context("t.py::test_register")
+    fence: dict[int, set[int]] = {}
+    module.register(fence, 1, [0, 5])
+    cov.switch_context("t.py::test_remove")
+    module.register(fence, 2, [6])
+    module.remove(fence, 2, [6])
+    cov.switch_context("")
+    cov.stop()
+    cov.save()
+    target = Target("toyfence", path, path, "0" * 64)
+    tests = (
+        TestResult("t.py::test_register", TestOutcome.PASSED, 0.5),
+        TestResult("t.py::test_remove", TestOutcome.PASSED, 0.25),
+    )
+    return BaselineRun(target, tests, data_file, tmp_path / "log", 1.0)
+
+
+def test_line_map_names_exactly_the_tests_that_ran_each_line(tmp_path: Path) -> None:
+    cmap = coverage_map.build_coverage_map(recorded_run(tmp_path), "toy")
+    assert cmap.lines[4] == ("t.py::test_register",)  # `continue` only for block 0
+    assert cmap.lines[5] == ("t.py::test_register", "t.py::test_remove")
+    assert cmap.lines[12] == ("t.py::test_remove",)
+    assert 16 not in cmap.lines
+    assert 1 not in cmap.lines  # the def line ran at import, in the empty context
+    assert cmap.durations == {"t.py::test_register": 0.5, "t.py::test_remove": 0.25}
+
+
+def test_region_counts_lines_branches_and_tests(tmp_path: Path) -> None:
+    run = recorded_run(tmp_path)
+    regions = resolve_regions(SOURCE, REGIONS, filename="toyfence.py")
+    population, removal, reset = coverage_map.region_coverage(run, regions)
+    assert (population.lines.covered, population.lines.total) == (4, 4)
+    # `for` (more blocks / done) and `if` (skip / register): all four exits taken
+    assert (population.branches.covered, population.branches.total) == (4, 4)
+    assert population.tests == ("t.py::test_register", "t.py::test_remove")
+    assert (removal.lines.covered, removal.lines.total, removal.branches.total) == (1, 1, 0)
+    assert (reset.lines.covered, reset.lines.total, reset.missed_lines) == (0, 1, (16,))
+    assert reset.tests == ()
+
+
+def test_coverage_map_file_is_versioned_and_indexed(tmp_path: Path) -> None:
+    import json
+
+    cmap = coverage_map.build_coverage_map(recorded_run(tmp_path), "toy")
+    coverage_map.write_coverage_map(cmap, tmp_path / "map.json")
+    data = json.loads((tmp_path / "map.json").read_text())
+    assert data["format"] == 1
+    tests = [t["id"] for t in data["tests"]]
+    assert [tests[i] for i in data["lines"]["12"]] == ["t.py::test_remove"]
+    assert not list(tmp_path.glob("map.json*.tmp"))
+
+
+def test_region_table_lists_every_region_with_its_counts(tmp_path: Path) -> None:
+    regions = resolve_regions(SOURCE, REGIONS, filename="toyfence.py")
+    table = coverage_map.format_table(coverage_map.region_coverage(recorded_run(tmp_path), regions))
+    rows = table.splitlines()
+    assert rows[0].split() == ["region", "functions", "lines", "branches", "tests"]
+    assert rows[2].split()[:3] == ["population", "1", "4/4"]
+    assert rows[4].split()[:3] == ["reset", "1", "0/1"]
