@@ -19,6 +19,7 @@ from audit.errors import ConfigError
 
 DEFAULT_CACHE_ENV = "FENCE_AUDIT_CACHE"
 INDEX_URL_ENV = "FENCE_AUDIT_INDEX_URL"
+VLLM_VERSION_ENV = "FENCE_AUDIT_VLLM_VERSION"  # the noxfile installs this one too
 
 SuiteRoot = Literal["vllm", "project"]
 StatementPart = Literal["statement", "header"]
@@ -149,7 +150,7 @@ def parse_config(table: dict[str, Any], *, source: str, project_dir: Path) -> Co
     return Config(
         source=source,
         project_dir=project_dir,
-        vllm_version=_string(table, "vllm-version", source),
+        vllm_version=os.environ.get(VLLM_VERSION_ENV) or _string(table, "vllm-version", source),
         target=_string(table, "target", source),
         reports_dir=reports if reports.is_absolute() else project_dir / reports,
         cache_dir=Path(_expect(cache, str, "cache-dir", source)) if cache else default_cache_dir(),

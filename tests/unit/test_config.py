@@ -117,6 +117,14 @@ def test_index_url_can_come_from_the_environment(monkeypatch: pytest.MonkeyPatch
     assert load_config().index_url == "http://mirror.invalid/simple"
 
 
+def test_vllm_version_from_the_environment_wins_as_in_the_noxfile(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("FENCE_AUDIT_VLLM_VERSION", "0.34.0")
+    path = write_pyproject(tmp_path, '[tool.fence-audit]\nvllm-version = "0.33.0"\n')
+    assert load_config(path).vllm_version == "0.34.0"
+
+
 def test_cache_dir_defaults_to_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("FENCE_AUDIT_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))

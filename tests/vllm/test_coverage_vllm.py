@@ -15,17 +15,24 @@ from fence_helpers import FENCE_TESTS, Result, fence_audit
 from audit import environment
 from audit.config import load_config
 
-# The fence regression tests named in fence-brief section 10.
+# Every fence-related test fence-brief section 10 names (all exist in vLLM 0.33.0).
 FENCE_REGRESSION_TESTS = (
+    "test_request_preemption",
+    "test_concurrent_lookups_of_the_same_prefix",
+    "test_request_level_policy_stores_all_blocks",
+    "test_loads_do_not_populate_fence_index",
+    "test_fence_at_update_state_after_alloc",
+    "test_fence_at_build_store_jobs",
     "test_request_finished_with_pending_stores_populates_fence",
     "test_multiple_in_flight_stores_all_flushed_by_fence",
     "test_request_finished_mixed_full_attn_and_sliding_window",
-    "test_fence_at_update_state_after_alloc",
-    "test_fence_at_build_store_jobs",
     "test_stale_sliding_window_block_after_prepare_store_failure",
-    "test_request_preemption",
+    "test_two_groups_full_and_sliding_window",
     "test_reset_cache",
-    "test_loads_do_not_populate_fence_index",
+    "test_reset_cache_finalizes_finished_request_with_pending_store",
+    "test_async_preempt_readmit_before_transfer_output_is_deferred",
+    "test_max_offload_tokens_validation",
+    "test_swa_alignment_skip",
 )
 TARGET = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler"
 
