@@ -163,7 +163,9 @@ def format_table(regions: tuple[RegionCoverage, ...]) -> str:
         for r in regions
     ]
     widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    ]
     rule = "  ".join("-" * w for w in widths)
     title = "  ".join(cell.ljust(w) for cell, w in zip(header, widths, strict=True))
     return "\n".join([title, rule, *lines])
