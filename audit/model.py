@@ -86,3 +86,38 @@ class CoverageMap:
     vllm_version: str
     lines: dict[int, tuple[str, ...]] = field(default_factory=dict)
     durations: dict[str, float] = field(default_factory=dict)
+
+
+class MutantStatus(StrEnum):
+    KILLED = "killed"
+    SURVIVED = "survived"
+    TIMEOUT = "timeout"
+    NO_TESTS = "no_tests"  # no test of the suite executes the mutated lines
+    ERROR = "error"  # the mutant could not be judged (crash, does not compile, ...)
+
+
+@dataclass(frozen=True, slots=True)
+class Mutant:
+    """One mutant of the audited module, ready to judge."""
+
+    id: str  # stable: function qualname, operator, position relative to the function
+    origin: str  # "mutmut" or "catalogue"
+    region: str  # "" when outside every region
+    function: str
+    operator: str
+    line: int  # where the mutated code starts, in the audited source
+    changed_lines: tuple[int, ...]
+    diff: str
+    mutated_source: str  # the whole module with this mutant applied
+    covered_by: tuple[str, ...]  # test ids that executed a changed line in the baseline
+
+
+@dataclass(frozen=True, slots=True)
+class MutantResult:
+    id: str
+    status: MutantStatus
+    killed_by: str = ""  # test id
+    failure: str = ""  # the first lines of the killing test's failure, or the error
+    tests_run: tuple[str, ...] = ()
+    duration_s: float = 0.0
+    cached: bool = False

@@ -1,0 +1,129 @@
+"""Mutants: mutmut's mutations of the region functions, with ids, regions and tests.
+
+A mutant's id is ``Class.method:operator@LINE:COL#VARIANT`` where LINE is counted
+from the function's ``def`` line: an edit elsewhere in the file renames nothing,
+and ids compare across runs and vLLM versions. Only mutants whose changed lines
+all lie in one region are judged; the rest are listed as out of region.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from coverage.parser import PythonParser
+
+from audit import mutmut_adapter
+from audit.model import Mutant
+from audit.regions import Region
+
+
+@dataclass(frozen=True, slots=True)
+class OutOfRegion:
+    id: str
+    function: str
+    line: int
+
+
+@dataclass(frozen=True, slots=True)
+class MutantSet:
+    mutants: tuple[Mutant, ...]  # in region, to judge
+    out_of_region: tuple[OutOfRegion, ...]
+    function_hashes: Mapping[str, str]  # qualname -> sha256 of its source text
+
+
+def mutant_id(mutation: mutmut_adapter.Mutation) -> str:
+    """``Class.method:operator@L:C-L:C#V``, lines counted from the ``def`` line."""
+    start = f"{mutation.line - mutation.function_line}:{mutation.column}"
+    end = f"{mutation.end_line - mutation.function_line}:{mutation.end_column}"
+    return f"{mutation.function}:{mutation.operator}@{start}-{end}#{mutation.variant}"
+
+
+def build_mutants(
+    source: str,
+    filename: str,
+    regions: tuple[Region, ...],
+    lines_to_tests: Mapping[int, tuple[str, ...]],
+) -> MutantSet:
+    functions = sorted({f for region in regions for f in region.functions})
+    region_of_line = {line: region.name for region in regions for line in region.lines}
+    statement_of_line = _statement_starts(source, filename)
+    original = source.splitlines(keepends=True)
+
+    mutants: list[Mutant] = []
+    outside: list[OutOfRegion] = []
+    for mutation in mutmut_adapter.generate(source, functions):
+        identifier = mutant_id(mutation)
+        owners = {region_of_line.get(line, "") for line in mutation.changed_lines}
+        if len(owners) != 1 or "" in owners:
+            outside.append(OutOfRegion(identifier, mutation.function, mutation.line))
+            continue
+        mutated = mutmut_adapter.apply(source, mutation)
+        statements = {statement_of_line.get(line, line) for line in mutation.changed_lines}
+        covered = sorted({t for line in statements for t in lines_to_tests.get(line, ())})
+        mutants.append(
+            Mutant(
+                id=identifier,
+                origin="mutmut",
+                region=owners.pop(),
+                function=mutation.function,
+                operator=mutation.operator,
+                line=mutation.line,
+                changed_lines=mutation.changed_lines,
+                diff=unified_diff(original, mutated.splitlines(keepends=True), filename),
+                mutated_source=mutated,
+                covered_by=tuple(covered),
+            )
+        )
+    _check_unique(m.id for m in mutants)
+    return MutantSet(
+        mutants=tuple(mutants),
+        out_of_region=tuple(outside),
+        function_hashes=function_hashes(source, functions),
+    )
+
+
+def function_hashes(source: str, functions: Iterable[str]) -> dict[str, str]:
+    """sha256 of each function's own text: unchanged by edits elsewhere in the file."""
+    import ast
+
+    from audit.regions import find_function
+
+    tree = ast.parse(source)
+    lines = source.splitlines(keepends=True)
+    hashes = {}
+    for qualname in functions:
+        node = find_function(tree, qualname)
+        if node is None:
+            continue
+        first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+        text = "".join(lines[first - 1 : node.end_lineno])
+        hashes[qualname] = hashlib.sha256(text.encode()).hexdigest()
+    return hashes
+
+
+def unified_diff(original: list[str], mutated: list[str], filename: str) -> str:
+    name = filename.rsplit("/", 1)[-1]
+    return "".join(
+        difflib.unified_diff(original, mutated, f"a/{name}", f"b/{name}", n=2)
+    )
+
+
+def _statement_starts(source: str, filename: str) -> dict[int, int]:
+    """Each line of a multi-line statement -> the line coverage.py records it on."""
+    parser = PythonParser(text=source, filename=filename)
+    parser.parse_source()
+    starts: dict[int, int] = {}
+    for line in range(1, len(source.splitlines()) + 1):
+        starts[line] = parser.first_line(line)
+    return starts
+
+
+def _check_unique(ids: Iterable[str]) -> None:
+    seen: set[str] = set()
+    for identifier in ids:
+        if identifier in seen:
+            raise AssertionError(f"two mutants share the id {identifier}")
+        seen.add(identifier)
