@@ -84,10 +84,6 @@ def run_baseline(config: Config, suite: Suite, target: Target, work: Path) -> Ba
     data_file.unlink(missing_ok=True)
     outcomes_file = work / "baseline-outcomes.json"
     outcomes_file.unlink(missing_ok=True)
-    ini = work / "pytest.ini"
-    # An empty ini of our own: the suite is not configured by this project's pytest
-    # settings (--strict-markers would reject vLLM's unregistered marks).
-    ini.write_text("[pytest]\n")
 
     # With a checkout, only the target module is served from it; the rest of vLLM
     # is the installed package.
@@ -98,17 +94,7 @@ def run_baseline(config: Config, suite: Suite, target: Target, work: Path) -> Ba
         "include": [str(target.path)],
         "data_file": str(data_file),
         "outcomes": str(outcomes_file),
-        "pytest_args": [
-            *suite.paths,
-            "-c",
-            str(ini),
-            f"--rootdir={suite.root}",
-            "-p",
-            "no:cacheprovider",
-            "-W",
-            "ignore::pytest.PytestUnknownMarkWarning",
-            "-q",
-        ],
+        "pytest_args": pytest_args(suite, work),
     }
     spec_file = work / "baseline-spec.json"
     spec_file.write_text(json.dumps(spec, indent=1))
@@ -128,6 +114,25 @@ def run_baseline(config: Config, suite: Suite, target: Target, work: Path) -> Ba
         )
     duration = time.monotonic() - started
     return _judge(process.returncode, outcomes_file, suite, target, data_file, log, duration)
+
+
+def pytest_args(suite: Suite, work: Path) -> list[str]:
+    """How the test processes (baseline and executor) invoke pytest on the suite."""
+    ini = work / "pytest.ini"
+    # An empty ini of our own: the suite is not configured by this project's pytest
+    # settings (--strict-markers would reject vLLM's unregistered marks).
+    ini.write_text("[pytest]\n")
+    return [
+        *suite.paths,
+        "-c",
+        str(ini),
+        f"--rootdir={suite.root}",
+        "-p",
+        "no:cacheprovider",
+        "-W",
+        "ignore::pytest.PytestUnknownMarkWarning",
+        "-q",
+    ]
 
 
 def _judge(

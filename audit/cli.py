@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
+from collections import Counter
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,6 +14,8 @@ from pathlib import Path
 from audit import __version__, pipeline
 from audit.config import Config, load_config, parse_suite_path
 from audit.coverage_map import format_table
+from audit.executor import ExecutorOptions
+from audit.results import format_scores
 from audit.errors import AuditError, ExitCode
 
 
@@ -50,6 +54,20 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ROOT:PATH",
         help="a test path (vllm:PATH or project:PATH); repeat to select several; "
         "replaces the configured selection",
+    )
+    mutate = commands.add_parser(
+        "mutate",
+        parents=[common],
+        help="baseline, then judge every in-region mutant; write reports/audit.json",
+    )
+    mutate.add_argument(
+        "-j", "--jobs", type=int, default=os.cpu_count() or 1, help="workers (default: cores)"
+    )
+    mutate.add_argument(
+        "--no-cache", action="store_true", help="judge every mutant again, ignoring the cache"
+    )
+    mutate.add_argument(
+        "--suite", action="append", default=[], metavar="ROOT:PATH", help="as for coverage"
     )
     commands.add_parser(
         "regions", parents=[common], help="resolve the regions against the audited source"
@@ -90,6 +108,10 @@ def run(args: argparse.Namespace) -> ExitCode:
 
     entries = tuple(parse_suite_path(s) for s in args.suite)
     stage = pipeline.coverage(prepared, entries)
+    if args.command == "mutate":
+        return report_mutation(
+            pipeline.mutate(stage, ExecutorOptions(jobs=args.jobs, use_cache=not args.no_cache))
+        )
     reports = config.reports_dir
     print(
         f"fence-audit: baseline green: {len(stage.run.tests)} tests in "
@@ -100,6 +122,26 @@ def run(args: argparse.Namespace) -> ExitCode:
     print(f"fence-audit: regions: {reports / 'regions.json'}; map: {reports / 'coverage-map.json'}")
     print()
     print(format_table(stage.regions))
+    return ExitCode.OK
+
+
+def report_mutation(stage: pipeline.MutationStage) -> ExitCode:
+    reports = stage.coverage.prepared.config.reports_dir
+    counts = Counter(v.cached for v in stage.verdicts.values())
+    print(
+        f"fence-audit: {len(stage.mutants.mutants)} in-region mutants "
+        f"({len(stage.mutants.out_of_region)} outside every region, not run); "
+        f"judged {counts[False]}, from cache {counts[True]}, in {stage.duration_s:.1f}s"
+    )
+    print(f"fence-audit: installed {stage.after.path.name} unchanged (sha256 {stage.after.sha256})")
+    survivors = [m for m in stage.mutants.mutants if stage.verdicts[m.id].status == "survived"]
+    for mutant in survivors:
+        print(f"  survived: {mutant.id}  ({mutant.region}, line {mutant.line})")
+    print()
+    print(format_scores(stage.tallies, stage.overall))
+    score = stage.overall.score
+    shown = "n/a" if score is None else f"{score:.1f}%"
+    print(f"\nfence-audit: results in {reports / 'audit.json'}; score {shown}")
     return ExitCode.OK
 
 

@@ -24,6 +24,7 @@ class ExitCode(IntEnum):
     SOURCE_UNAVAILABLE = 8  # vLLM's tests not in the cache and the index unreachable
     SOURCE_INTEGRITY = 9  # a download does not match the index's sha256
     TARGET_MODIFIED = 10  # the installed vLLM file changed during the run
+    MUTANTS_INERT = 11  # the forced-fail check: a mutant did not switch on
     INTERNAL = 70  # a bug in fence-audit
 
 
@@ -74,3 +75,7 @@ class SourceIntegrityError(AuditError):
 
 class TargetModified(AuditError):
     exit_code = ExitCode.TARGET_MODIFIED
+
+
+class MutantsInert(AuditError):
+    exit_code = ExitCode.MUTANTS_INERT

@@ -97,6 +97,23 @@ class MutantStatus(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class LineEdit:
+    """Replace lines ``start..end`` (1-based, inclusive; ``end = start - 1`` inserts)."""
+
+    start: int
+    end: int
+    new_lines: tuple[str, ...]
+
+
+def apply_edits(source: str, edits: tuple[LineEdit, ...]) -> str:
+    """``source`` with ``edits`` applied; line numbers refer to the original."""
+    lines = source.splitlines(keepends=True)
+    for edit in sorted(edits, key=lambda e: e.start, reverse=True):
+        lines[edit.start - 1 : edit.end] = [text + "\n" for text in edit.new_lines]
+    return "".join(lines)
+
+
+@dataclass(frozen=True, slots=True)
 class Mutant:
     """One mutant of the audited module, ready to judge."""
 
@@ -108,7 +125,7 @@ class Mutant:
     line: int  # where the mutated code starts, in the audited source
     changed_lines: tuple[int, ...]
     diff: str
-    mutated_source: str  # the whole module with this mutant applied
+    edits: tuple[LineEdit, ...]  # applied to the audited source
     covered_by: tuple[str, ...]  # test ids that executed a changed line in the baseline
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from coverage.parser import PythonParser
 
 from audit import mutmut_adapter
-from audit.model import Mutant
+from audit.model import Mutant, apply_edits
 from audit.regions import Region
 
 
@@ -60,7 +60,7 @@ def build_mutants(
         if len(owners) != 1 or "" in owners:
             outside.append(OutOfRegion(identifier, mutation.function, mutation.line))
             continue
-        mutated = mutmut_adapter.apply(source, mutation)
+        mutated = apply_edits(source, mutation.edits)
         statements = {statement_of_line.get(line, line) for line in mutation.changed_lines}
         covered = sorted({t for line in statements for t in lines_to_tests.get(line, ())})
         mutants.append(
@@ -73,7 +73,7 @@ def build_mutants(
                 line=mutation.line,
                 changed_lines=mutation.changed_lines,
                 diff=unified_diff(original, mutated.splitlines(keepends=True), filename),
-                mutated_source=mutated,
+                edits=mutation.edits,
                 covered_by=tuple(covered),
             )
         )

@@ -23,16 +23,9 @@ from mutmut.mutation.file_mutation import MutationVisitor, OuterFunctionProvider
 from mutmut.mutation.mutators import mutation_operators
 from mutmut.mutation.pragma_handling import IgnoredCode, PragmaVisitor
 
+from audit.model import LineEdit
+
 MUTMUT_RANGE = ">=3.8,<3.9"
-
-
-@dataclass(frozen=True, slots=True)
-class LineEdit:
-    """Replace lines ``start..end`` (1-based, inclusive; ``end = start - 1`` inserts)."""
-
-    start: int
-    end: int
-    new_lines: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,14 +182,6 @@ def _edits(
             new.append(indent + text if indented[k] and text.strip() else text)
         edits.append(LineEdit(first_line + a0, first_line + a1 - 1, tuple(new)))
     return edits
-
-
-def apply(source: str, mutation: Mutation) -> str:
-    """The whole module text with ``mutation`` applied."""
-    lines = source.splitlines(keepends=True)
-    for edit in sorted(mutation.edits, key=lambda e: e.start, reverse=True):
-        lines[edit.start - 1 : edit.end] = [text + "\n" for text in edit.new_lines]
-    return "".join(lines)
 
 
 def group_by_function(mutations: Iterable[Mutation]) -> dict[str, list[Mutation]]:

@@ -1,22 +1,26 @@
 """The audit's stages, in order. This is the one place that lists them.
 
     config -> source (vLLM package + its tests) -> regions -> baseline under coverage
-           -> [mutants -> execute -> results -> reports -> gate: later stages]
+           -> mutants -> execute -> results -> [reports -> gate: later stages]
 
 Each stage is a plain function of another module; this module only wires them.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from audit import coverage_map, environment, sources
-from audit.baseline import run_baseline, stage_suite
+from audit import coverage_map, environment, executor, results, sources
+from audit.baseline import Suite, run_baseline, stage_suite
 from audit.config import Config, SuitePath
 from audit.environment import Fingerprint
-from audit.model import BaselineRun, RegionCoverage, Target
+from audit.executor import ExecutorOptions
+from audit.model import BaselineRun, CoverageMap, MutantResult, RegionCoverage, Target
+from audit.mutants import MutantSet, build_mutants
 from audit.regions import Region, resolve_regions
+from audit.results import Tally
 from audit.sources import TestSource
 
 
@@ -35,8 +39,21 @@ class Prepared:
 @dataclass(frozen=True, slots=True)
 class CoverageStage:
     prepared: Prepared
+    suite: Suite
     run: BaselineRun
+    coverage_map: CoverageMap
     regions: tuple[RegionCoverage, ...]
+    after: Fingerprint
+
+
+@dataclass(frozen=True, slots=True)
+class MutationStage:
+    coverage: CoverageStage
+    mutants: MutantSet
+    verdicts: dict[str, MutantResult]
+    tallies: dict[str, Tally]
+    overall: Tally
+    duration_s: float
     after: Fingerprint
 
 
@@ -72,4 +89,42 @@ def coverage(prepared: Prepared, suite_entries: tuple[SuitePath, ...] = ()) -> C
     coverage_map.write_html(run, config.reports_dir / "coverage")
     coverage_map.write_coverage_map(cmap, config.reports_dir / "coverage-map.json")
     coverage_map.write_regions(regions, run, config.reports_dir / "regions.json")
-    return CoverageStage(prepared, run, regions, after)
+    return CoverageStage(prepared, suite, run, cmap, regions, after)
+
+
+def mutate(stage: CoverageStage, options: ExecutorOptions) -> MutationStage:
+    prepared = stage.prepared
+    config = prepared.config
+    source = prepared.target.path.read_text(encoding="utf-8")
+    mutant_set = build_mutants(
+        source, str(prepared.target.path), prepared.regions, stage.coverage_map.lines
+    )
+    started = time.monotonic()
+    verdicts = executor.judge(
+        config,
+        stage.suite,
+        prepared.target,
+        mutant_set.mutants,
+        mutant_set.function_hashes,
+        stage.coverage_map.durations,
+        prepared.vllm.version,
+        options,
+        stage.coverage_map.lines,
+    )
+    duration = time.monotonic() - started
+    after = environment.verify_untouched(prepared.vllm, config.target)
+    names = [region.name for region in prepared.regions]
+    results.write_audit(
+        config.reports_dir / "audit.json",
+        target=prepared.target,
+        vllm_version=prepared.vllm.version,
+        suite={"tests_from": prepared.source.origin, "paths": list(stage.suite.selection)},
+        mutants=mutant_set.mutants,
+        verdicts=verdicts,
+        out_of_region=mutant_set.out_of_region,
+        regions=names,
+        duration_s=duration,
+    )
+    tallies = results.tally_by_region(mutant_set.mutants, verdicts, names)
+    overall = Tally.of(verdicts[m.id].status for m in mutant_set.mutants)
+    return MutationStage(stage, mutant_set, verdicts, tallies, overall, duration, after)

@@ -1,0 +1,237 @@
+"""The warm process: vLLM imported and the suite collected once, one fork per mutant.
+
+Run as ``python -m audit._executor SPEC.json`` by :mod:`audit.executor`, in the
+hermetic environment and staged suite root of the baseline. pytest collects the
+suite once; then, instead of pytest's own run loop, each mutant is judged in a
+forked child that swaps in the mutated code of one function (its ``__code__``,
+so every reference to the function sees it) and runs only the mutant's covering
+tests, stopping at the first failure. Each child writes its verdict to its own
+file, atomically; the parent enforces timeouts and reports progress on stdout.
+
+The parent never runs a test, so no test starts threads (torch's pools, vLLM's
+helpers) in it before it forks.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _pytest.runner import runtestprotocol
+
+from audit import hermetic, overlay
+from audit.model import LineEdit, apply_edits
+
+PROGRESS = "@@fence-audit "
+FAILURE_LINES = 15
+
+
+def find_code(code: types.CodeType, qualname: str) -> types.CodeType:
+    """The code object of function ``qualname`` inside a compiled module."""
+    stack = [code]
+    while stack:
+        current = stack.pop()
+        if current.co_qualname == qualname and current is not code:
+            return current
+        stack.extend(c for c in current.co_consts if isinstance(c, types.CodeType))
+    raise LookupError(f"function {qualname} not found in the mutated module")
+
+
+def resolve_function(module: types.ModuleType, qualname: str) -> types.FunctionType:
+    """The live function object ``qualname`` of ``module`` (methods unwrapped)."""
+    obj: Any = module
+    for part in qualname.split("."):
+        obj = vars(obj)[part]
+    for attribute in ("__func__", "fget", "__wrapped__"):
+        obj = getattr(obj, attribute, obj)
+    if not isinstance(obj, types.FunctionType):
+        raise TypeError(f"{qualname} is a {type(obj).__name__}, not a function")
+    return obj
+
+
+def activate(module_name: str, path: str, qualname: str, text: str) -> None:
+    """Swap the code of one function for its code in ``text`` (the mutated module)."""
+    module = sys.modules.get(module_name) or importlib.import_module(module_name)
+    mutated = find_code(compile(text, path, "exec"), qualname)
+    resolve_function(module, qualname).__code__ = mutated
+
+
+def write_result(results: Path, key: str, result: dict[str, Any]) -> None:
+    tmp = results / f".{key}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(result))
+    tmp.replace(results / f"{key}.json")
+
+
+def _tail(text: str) -> str:
+    lines = text.splitlines()
+    return "\n".join(lines[-FAILURE_LINES:])
+
+
+class MutationLoop:
+    """A pytest plugin that replaces the run loop with the mutant loop."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
+        self.results = Path(spec["results_dir"])
+        self.source = Path(spec["target_path"]).read_text()
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> bool:
+        items = {item.nodeid: item for item in session.items}
+        self.results.mkdir(parents=True, exist_ok=True)
+        emit({"event": "collected", "tests": len(items), "threads": _os_threads()})
+        missing = sorted({t for m in self.spec["mutants"] for t in m["tests"]} - set(items))
+        if missing:
+            emit({"event": "missing_tests", "tests": missing[:20], "count": len(missing)})
+            return True
+        self.warm_up(items)
+        sentinel = self.spec.get("sentinel")
+        if sentinel:
+            # Prove that a mutant really switches on before trusting any survivor.
+            self.run_pool(items, [sentinel])
+            verdict = json.loads((self.results / f"{sentinel['key']}.json").read_text())
+            (self.results / f"{sentinel['key']}.json").unlink()
+            emit({"event": "sentinel", "status": verdict["status"], "detail": verdict})
+            if verdict["status"] != "killed":
+                return True
+        self.run_pool(items, self.spec["mutants"])
+        return True
+
+    def warm_up(self, items: dict[str, pytest.Item]) -> None:
+        """Run one green test here, so each child starts warm (lazy imports, caches).
+
+        The first test in a fresh process pays ~0.1 s of one-time work; paid once
+        here, every child inherits it. The thread count is reported: a test that
+        left threads running would make forking hazardous.
+        """
+        threads = _os_threads()
+        first = self.spec["warm_up"]
+        if first:
+            runtestprotocol(items[first], nextitem=None, log=False)
+        emit({"event": "warmed", "test": first, "threads_before": threads, "threads": _os_threads()})
+
+    def run_pool(self, items: dict[str, pytest.Item], mutants: list[dict[str, Any]]) -> None:
+        queue: Iterator[dict[str, Any]] = iter(mutants)
+        running: dict[int, tuple[dict[str, Any], float, float]] = {}
+        jobs = max(1, int(self.spec["jobs"]))
+        exhausted = False
+        while running or not exhausted:
+            while not exhausted and len(running) < jobs:
+                mutant = next(queue, None)
+                if mutant is None:
+                    exhausted = True
+                    break
+                started = time.monotonic()
+                pid = os.fork()
+                if pid == 0:
+                    self.child(items, mutant)  # never returns
+                running[pid] = (mutant, started, started + mutant["timeout_s"])
+            pid, status = os.waitpid(-1, os.WNOHANG) if running else (0, 0)
+            now = time.monotonic()
+            if pid:
+                mutant, started, _ = running.pop(pid)
+                self.settled(mutant, status, now - started)
+                continue
+            for pid, (mutant, started, deadline) in list(running.items()):
+                if now > deadline:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                    running.pop(pid)
+                    write_result(
+                        self.results,
+                        mutant["key"],
+                        {
+                            "status": "timeout",
+                            "failure": f"no verdict within {mutant['timeout_s']:.1f}s",
+                            "duration_s": round(now - started, 3),
+                        },
+                    )
+                    emit({"event": "judged", "id": mutant["id"], "status": "timeout"})
+            time.sleep(0.005)
+
+    def settled(self, mutant: dict[str, Any], status: int, duration: float) -> None:
+        result_file = self.results / f"{mutant['key']}.json"
+        if not result_file.is_file():
+            reason = (
+                f"killed by signal {os.WTERMSIG(status)}"
+                if os.WIFSIGNALED(status)
+                else f"exit status {os.waitstatus_to_exitcode(status)}"
+            )
+            write_result(
+                self.results,
+                mutant["key"],
+                {
+                    "status": "error",
+                    "failure": f"the judging process ended without a verdict ({reason})",
+                    "duration_s": round(duration, 3),
+                },
+            )
+        verdict = json.loads(result_file.read_text())["status"]
+        emit({"event": "judged", "id": mutant["id"], "status": verdict})
+
+    def child(self, items: dict[str, pytest.Item], mutant: dict[str, Any]) -> None:
+        code = 0
+        started = time.monotonic()
+        result: dict[str, Any]
+        try:
+            edits = tuple(LineEdit(a, b, tuple(new)) for a, b, new in mutant["edits"])
+            text = apply_edits(self.source, edits)
+            activate(self.spec["target_module"], self.spec["target_path"], mutant["function"], text)
+            result = self.judge(items, mutant["tests"])
+        except BaseException as error:  # the verdict must reach the parent
+            result = {"status": "error", "failure": f"{type(error).__name__}: {error}"}
+            code = 1
+        result["duration_s"] = round(time.monotonic() - started, 3)
+        try:
+            write_result(self.results, mutant["key"], result)
+        finally:
+            os._exit(code)
+
+    def judge(self, items: dict[str, pytest.Item], tests: list[str]) -> dict[str, Any]:
+        run: list[str] = []
+        for test_id in tests:
+            run.append(test_id)
+            reports = runtestprotocol(items[test_id], nextitem=None, log=False)
+            failed = next((r for r in reports if r.failed), None)
+            if failed is not None:
+                return {
+                    "status": "killed",
+                    "killed_by": test_id,
+                    "failure": _tail(failed.longreprtext),
+                    "tests_run": run,
+                }
+        return {"status": "survived", "tests_run": run}
+
+
+def emit(event: dict[str, Any]) -> None:
+    sys.__stdout__.write(PROGRESS + json.dumps(event) + "\n")  # type: ignore[union-attr]
+    sys.__stdout__.flush()  # type: ignore[union-attr]
+
+
+def _os_threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(Path(argv[0]).read_text())
+    if spec["overlay"]:
+        overlay.install({name: Path(file) for name, file in spec["overlay"].items()})
+    hermetic.block_network()
+    return int(pytest.main(spec["pytest_args"], plugins=[MutationLoop(spec)]))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,303 @@
+"""Judging mutants: the result cache, the warm executor process, timeouts, progress.
+
+Results are cached by (engine version, vLLM version, the mutated function's source
+hash, mutant id, hash of the covering tests' code); each verdict is its own file,
+written atomically by the process that reached it, so a run stopped by Ctrl-C,
+SIGTERM or SIGKILL resumes where it stopped and never reads half a result.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from audit.baseline import Suite, pytest_args
+from audit.config import Config
+from audit.errors import AuditError, ExitCode, MutantsInert
+from audit.hermetic import child_environment, prepare_hf_home
+from audit.model import LineEdit, Mutant, MutantResult, MutantStatus, Target
+from audit.progress import ProgressBar
+from audit.regions import find_function
+
+ENGINE_VERSION = 1  # bump when a verdict's meaning changes: old cache entries then miss
+PROGRESS = "@@fence-audit "
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorOptions:
+    jobs: int = os.cpu_count() or 1
+    timeout_factor: float = 4.0  # times the covering tests' baseline duration
+    timeout_min_s: float = 10.0
+    use_cache: bool = True
+
+
+class ExecutorFailed(AuditError):
+    exit_code = ExitCode.INTERNAL
+
+
+def judge(
+    config: Config,
+    suite: Suite,
+    target: Target,
+    mutants: Iterable[Mutant],
+    function_hashes: Mapping[str, str],
+    durations: Mapping[str, float],
+    vllm_version: str,
+    options: ExecutorOptions,
+    lines_to_tests: Mapping[int, tuple[str, ...]] | None = None,
+) -> dict[str, MutantResult]:
+    """A verdict for every mutant: from the cache, or from the warm executor."""
+    order = TestOrder(target.path.read_text(), lines_to_tests or {}, durations)
+    results_dir = config.cache_dir / "results"
+    results_dir.mkdir(parents=True, exist_ok=True)
+    hasher = TestHasher(suite.root)
+    verdicts: dict[str, MutantResult] = {}
+    pending: list[dict[str, Any]] = []
+    keys: dict[str, str] = {}
+    for mutant in mutants:
+        if not mutant.covered_by:
+            verdicts[mutant.id] = MutantResult(mutant.id, MutantStatus.NO_TESTS)
+            continue
+        key = cache_key(vllm_version, function_hashes[mutant.function], mutant, hasher)
+        keys[mutant.id] = key
+        cached = results_dir / f"{key}.json"
+        if options.use_cache and cached.is_file():
+            verdicts[mutant.id] = _load(mutant.id, cached, cached=True)
+            continue
+        cached.unlink(missing_ok=True)
+        tests = order.tests_for(mutant)
+        budget = sum(durations.get(t, 0.0) for t in tests)
+        pending.append(
+            {
+                "key": key,
+                "id": mutant.id,
+                "function": mutant.function,
+                "edits": [[e.start, e.end, list(e.new_lines)] for e in mutant.edits],
+                "tests": tests,
+                "timeout_s": max(options.timeout_min_s, options.timeout_factor * budget),
+            }
+        )
+    if pending:
+        _run_executor(config, suite, target, pending, results_dir, durations, options)
+        for entry in pending:
+            verdicts[entry["id"]] = _load(entry["id"], results_dir / f"{entry['key']}.json")
+    return verdicts
+
+
+class TestOrder:
+    """The order a mutant's covering tests run in: deterministic, likely killers first.
+
+    A test that executes more of the mutated function's lines exercises it more
+    thoroughly and, in practice, kills more of its mutants; among equals the faster
+    test goes first. The order only decides how soon a kill ends the judging, never
+    a verdict: it is fixed before any mutant runs, so two runs judge alike.
+    """
+
+    __test__ = False
+
+    def __init__(
+        self,
+        source: str,
+        lines_to_tests: Mapping[int, tuple[str, ...]],
+        durations: Mapping[str, float],
+    ) -> None:
+        self.tree = ast.parse(source)
+        self.lines_to_tests = lines_to_tests
+        self.durations = durations
+        self._reach: dict[str, dict[str, int]] = {}
+
+    def tests_for(self, mutant: Mutant) -> list[str]:
+        reach = self._reach_in(mutant.function)
+        return sorted(
+            mutant.covered_by,
+            key=lambda t: (-reach.get(t, 0), self.durations.get(t, 0.0), t),
+        )
+
+    def _reach_in(self, function: str) -> dict[str, int]:
+        if function not in self._reach:
+            node = find_function(self.tree, function)
+            counts: dict[str, int] = {}
+            if node is not None:
+                for line in range(node.lineno, (node.end_lineno or node.lineno) + 1):
+                    for test in self.lines_to_tests.get(line, ()):
+                        counts[test] = counts.get(test, 0) + 1
+            self._reach[function] = counts
+        return self._reach[function]
+
+
+def cache_key(vllm_version: str, function_hash: str, mutant: Mutant, hasher: TestHasher) -> str:
+    material = [
+        ENGINE_VERSION,
+        vllm_version,
+        function_hash,
+        mutant.id,
+        [[e.start, e.end, list(e.new_lines)] for e in mutant.edits],
+        hasher.tests_hash(mutant.covered_by),
+    ]
+    return hashlib.sha256(json.dumps(material).encode()).hexdigest()[:32]
+
+
+class TestHasher:
+    """Hash of the code a set of tests runs: their files and the helpers beside them.
+
+    A test's file, every ``conftest.py`` on its way up to the suite root, and the
+    non-test modules in its folder (vLLM's ``utils.py`` harness) count; a change in
+    any of them re-judges the mutants those tests cover.
+    """
+
+    __test__ = False
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._files: dict[Path, str] = {}
+
+    def tests_hash(self, test_ids: Iterable[str]) -> str:
+        digest = hashlib.sha256()
+        for test_id in sorted(test_ids):
+            digest.update(test_id.encode())
+            for path in self._files_of(test_id.split("::", 1)[0]):
+                digest.update(self._file_hash(path).encode())
+        return digest.hexdigest()
+
+    def _files_of(self, relpath: str) -> list[Path]:
+        path = self.root / relpath
+        files = [path]
+        folder = path.parent
+        files.extend(sorted(p for p in folder.glob("*.py") if not p.name.startswith("test_")))
+        while folder != self.root and self.root in folder.parents:
+            folder = folder.parent
+            if (folder / "conftest.py").is_file():
+                files.append(folder / "conftest.py")
+        return files
+
+    def _file_hash(self, path: Path) -> str:
+        if path not in self._files:
+            data = path.read_bytes() if path.is_file() else b""
+            self._files[path] = hashlib.sha256(data).hexdigest()
+        return self._files[path]
+
+
+def forced_failure(source: str, function: str, tests: list[str], timeout_s: float) -> dict[str, Any]:
+    """A mutant that makes ``function`` raise at once: its tests must kill it."""
+    node = find_function(ast.parse(source), function)
+    if node is None:
+        raise ExecutorFailed(f"forced-fail check: function {function} not found")
+    line = node.body[0].lineno
+    text = source.splitlines()[line - 1]
+    indent = text[: len(text) - len(text.lstrip())]
+    edit = LineEdit(line, line - 1, (f"{indent}raise RuntimeError('fence-audit: forced failure')",))
+    return {
+        "key": f"sentinel-{uuid.uuid4().hex}",
+        "id": f"{function}:forced-failure",
+        "function": function,
+        "edits": [[edit.start, edit.end, list(edit.new_lines)]],
+        "tests": tests[:5],
+        "timeout_s": timeout_s,
+    }
+
+
+def _run_executor(
+    config: Config,
+    suite: Suite,
+    target: Target,
+    pending: list[dict[str, Any]],
+    results_dir: Path,
+    durations: Mapping[str, float],
+    options: ExecutorOptions,
+) -> None:
+    work = config.reports_dir / ".work"
+    log = config.reports_dir / "logs" / "mutants.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    source = target.path.read_text()
+    first = pending[0]
+    spec = {
+        "overlay": {target.module: str(target.path)} if suite.source.checkout else {},
+        # Native tracebacks: pytest's own long format costs ~0.5 s per killed mutant.
+        "pytest_args": [*pytest_args(suite, work), "--tb=native"],
+        "warm_up": min(first["tests"], key=lambda t: durations.get(t, 0.0)),
+        "target_module": target.module,
+        "target_path": str(target.path),
+        "results_dir": str(results_dir),
+        "jobs": options.jobs,
+        "mutants": pending,
+        "sentinel": forced_failure(source, first["function"], first["tests"], first["timeout_s"]),
+    }
+    spec_file = work / "executor-spec.json"
+    spec_file.write_text(json.dumps(spec))
+    hf_home = prepare_hf_home(config.cache_dir, config.offline_models)
+    progress = ProgressBar(len(pending))
+    sentinel: dict[str, Any] | None = None
+    missing: dict[str, Any] | None = None
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "audit._executor", str(spec_file)],
+            cwd=suite.root,
+            env=child_environment(os.environ, hf_home),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        assert process.stdout is not None
+        try:
+            for line in process.stdout:
+                if not line.startswith(PROGRESS):
+                    out.write(line)
+                    continue
+                event = json.loads(line[len(PROGRESS) :])
+                out.write(line)
+                if event["event"] == "judged":
+                    progress.update(event["status"])
+                elif event["event"] == "sentinel":
+                    sentinel = event
+                elif event["event"] == "missing_tests":
+                    missing = event
+            returncode = process.wait()
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+            progress.close()
+    if missing is not None:
+        raise ExecutorFailed(
+            f"{missing['count']} covering tests were not collected by the executor",
+            details={"first": missing["tests"][0], "log": str(log)},
+        )
+    if sentinel is None:
+        raise ExecutorFailed(
+            f"the executor ended (exit {returncode}) before the forced-fail check",
+            details={"log": str(log), "next": "read the log's last lines"},
+        )
+    if sentinel["status"] != "killed":
+        raise MutantsInert(
+            "the forced-fail check failed: a mutant that raises at once was not killed",
+            details={
+                "function": first["function"],
+                "verdict": sentinel["status"],
+                "log": str(log),
+                "next": "mutants do not switch on; no survivor could be trusted",
+            },
+        )
+
+
+def _load(mutant_id: str, path: Path, *, cached: bool = False) -> MutantResult:
+    if not path.is_file():
+        return MutantResult(mutant_id, MutantStatus.ERROR, failure="no verdict was recorded")
+    data = json.loads(path.read_text())
+    return MutantResult(
+        id=mutant_id,
+        status=MutantStatus(data["status"]),
+        killed_by=data.get("killed_by", ""),
+        failure=data.get("failure", ""),
+        tests_run=tuple(data.get("tests_run", ())),
+        duration_s=float(data.get("duration_s", 0.0)),
+        cached=cached,
+    )
