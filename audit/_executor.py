@@ -14,6 +14,7 @@ helpers) in it before it forks.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -118,7 +119,9 @@ class MutationLoop:
         first = self.spec["warm_up"]
         if first:
             runtestprotocol(items[first], nextitem=None, log=False)
-        emit({"event": "warmed", "test": first, "threads_before": threads, "threads": _os_threads()})
+        emit(
+            {"event": "warmed", "test": first, "threads_before": threads, "threads": _os_threads()}
+        )
 
     def run_pool(self, items: dict[str, pytest.Item], mutants: list[dict[str, Any]]) -> None:
         queue: Iterator[dict[str, Any]] = iter(mutants)
@@ -187,7 +190,7 @@ class MutationLoop:
             edits = tuple(LineEdit(a, b, tuple(new)) for a, b, new in mutant["edits"])
             text = apply_edits(self.source, edits)
             activate(self.spec["target_module"], self.spec["target_path"], mutant["function"], text)
-            result = self.judge(items, mutant["tests"])
+            result = self.judge(items, mutant["tests"], mutant["budgets"])
         except BaseException as error:  # the verdict must reach the parent
             result = {"status": "error", "failure": f"{type(error).__name__}: {error}"}
             code = 1
@@ -197,11 +200,25 @@ class MutationLoop:
         finally:
             os._exit(code)
 
-    def judge(self, items: dict[str, pytest.Item], tests: list[str]) -> dict[str, Any]:
+    def judge(
+        self, items: dict[str, pytest.Item], tests: list[str], budgets: dict[str, float]
+    ) -> dict[str, Any]:
+        """Run tests until one fails; a test over its time budget counts as hung.
+
+        Killed if a test fails; timeout if none fails but one hung (or
+        ``max_hangs`` hung: then the judging stops there); survived otherwise.
+        """
         run: list[str] = []
+        hung: list[str] = []
         for test_id in tests:
             run.append(test_id)
-            reports = runtestprotocol(items[test_id], nextitem=None, log=False)
+            with time_budget(budgets[test_id]) as alarm:
+                reports = runtestprotocol(items[test_id], nextitem=None, log=False)
+            if alarm.fired:
+                hung.append(test_id)
+                if len(hung) >= self.spec["max_hangs"]:
+                    break
+                continue
             failed = next((r for r in reports if r.failed), None)
             if failed is not None:
                 return {
@@ -210,7 +227,38 @@ class MutationLoop:
                     "failure": _tail(failed.longreprtext),
                     "tests_run": run,
                 }
+        if hung:
+            budget = ", ".join(f"{t} > {budgets[t]:.1f}s" for t in hung)
+            return {"status": "timeout", "failure": f"hung: {budget}", "tests_run": run}
         return {"status": "survived", "tests_run": run}
+
+
+class TestHung(BaseException):
+    """Raised into a test that overran its budget (a BaseException: code under test
+    that catches ``Exception`` must not swallow it)."""
+
+    __test__ = False
+
+
+class _Alarm:
+    fired = False
+
+
+@contextlib.contextmanager
+def time_budget(seconds: float) -> Iterator[_Alarm]:
+    alarm = _Alarm()
+
+    def expire(signum: int, frame: types.FrameType | None) -> None:
+        alarm.fired = True
+        raise TestHung(f"fence-audit: test exceeded its {seconds:.1f}s budget")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield alarm
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def emit(event: dict[str, Any]) -> None:
@@ -220,7 +268,7 @@ def emit(event: dict[str, Any]) -> None:
 
 def _os_threads() -> int:
     try:
-        return len(os.listdir("/proc/self/task"))
+        return len(list(Path("/proc/self/task").iterdir()))
     except OSError:
         return threading.active_count()
 

@@ -6,17 +6,17 @@ import argparse
 import dataclasses
 import os
 import sys
-from collections import Counter
 import traceback
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
 from audit import __version__, pipeline
 from audit.config import Config, load_config, parse_suite_path
 from audit.coverage_map import format_table
+from audit.errors import AuditError, ExitCode
 from audit.executor import ExecutorOptions
 from audit.results import format_scores
-from audit.errors import AuditError, ExitCode
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -35,9 +35,19 @@ PROGRESS = "@@fence-audit "
 @dataclass(frozen=True, slots=True)
 class ExecutorOptions:
     jobs: int = os.cpu_count() or 1
-    timeout_factor: float = 4.0  # times the covering tests' baseline duration
-    timeout_min_s: float = 10.0
+    timeout_factor: float = 10.0  # a test's budget: this times its baseline duration,
+    timeout_min_s: float = 10.0  # and never less than this
+    max_hangs: int = 3  # hung tests after which a mutant is judged TIMEOUT at once
     use_cache: bool = True
+
+    def test_budget(self, baseline_s: float) -> float:
+        return round(max(self.timeout_min_s, self.timeout_factor * baseline_s), 3)
+
+    def mutant_timeout(self, baseline_s: float, budgets: Iterable[float]) -> float:
+        """Backstop for a whole judging: every test thrice its baseline time, the
+        largest budgets spent on hangs, and slack for the fork."""
+        hangs = sum(sorted(budgets, reverse=True)[: self.max_hangs])
+        return round(3 * baseline_s + hangs + 30.0, 3)
 
 
 class ExecutorFailed(AuditError):
@@ -53,10 +63,9 @@ def judge(
     durations: Mapping[str, float],
     vllm_version: str,
     options: ExecutorOptions,
-    lines_to_tests: Mapping[int, tuple[str, ...]] | None = None,
 ) -> dict[str, MutantResult]:
     """A verdict for every mutant: from the cache, or from the warm executor."""
-    order = TestOrder(target.path.read_text(), lines_to_tests or {}, durations)
+
     results_dir = config.cache_dir / "results"
     results_dir.mkdir(parents=True, exist_ok=True)
     hasher = TestHasher(suite.root)
@@ -74,8 +83,8 @@ def judge(
             verdicts[mutant.id] = _load(mutant.id, cached, cached=True)
             continue
         cached.unlink(missing_ok=True)
-        tests = order.tests_for(mutant)
-        budget = sum(durations.get(t, 0.0) for t in tests)
+        tests = sorted(mutant.covered_by, key=lambda t: (durations.get(t, 0.0), t))
+        budgets = {t: options.test_budget(durations.get(t, 0.0)) for t in tests}
         pending.append(
             {
                 "key": key,
@@ -83,7 +92,11 @@ def judge(
                 "function": mutant.function,
                 "edits": [[e.start, e.end, list(e.new_lines)] for e in mutant.edits],
                 "tests": tests,
-                "timeout_s": max(options.timeout_min_s, options.timeout_factor * budget),
+                "budgets": budgets,
+                # The whole judging's backstop, for a hang no alarm can interrupt.
+                "timeout_s": options.mutant_timeout(
+                    sum(durations.get(t, 0.0) for t in tests), budgets.values()
+                ),
             }
         )
     if pending:
@@ -91,47 +104,6 @@ def judge(
         for entry in pending:
             verdicts[entry["id"]] = _load(entry["id"], results_dir / f"{entry['key']}.json")
     return verdicts
-
-
-class TestOrder:
-    """The order a mutant's covering tests run in: deterministic, likely killers first.
-
-    A test that executes more of the mutated function's lines exercises it more
-    thoroughly and, in practice, kills more of its mutants; among equals the faster
-    test goes first. The order only decides how soon a kill ends the judging, never
-    a verdict: it is fixed before any mutant runs, so two runs judge alike.
-    """
-
-    __test__ = False
-
-    def __init__(
-        self,
-        source: str,
-        lines_to_tests: Mapping[int, tuple[str, ...]],
-        durations: Mapping[str, float],
-    ) -> None:
-        self.tree = ast.parse(source)
-        self.lines_to_tests = lines_to_tests
-        self.durations = durations
-        self._reach: dict[str, dict[str, int]] = {}
-
-    def tests_for(self, mutant: Mutant) -> list[str]:
-        reach = self._reach_in(mutant.function)
-        return sorted(
-            mutant.covered_by,
-            key=lambda t: (-reach.get(t, 0), self.durations.get(t, 0.0), t),
-        )
-
-    def _reach_in(self, function: str) -> dict[str, int]:
-        if function not in self._reach:
-            node = find_function(self.tree, function)
-            counts: dict[str, int] = {}
-            if node is not None:
-                for line in range(node.lineno, (node.end_lineno or node.lineno) + 1):
-                    for test in self.lines_to_tests.get(line, ()):
-                        counts[test] = counts.get(test, 0) + 1
-            self._reach[function] = counts
-        return self._reach[function]
 
 
 def cache_key(vllm_version: str, function_hash: str, mutant: Mutant, hasher: TestHasher) -> str:
@@ -186,8 +158,9 @@ class TestHasher:
         return self._files[path]
 
 
-def forced_failure(source: str, function: str, tests: list[str], timeout_s: float) -> dict[str, Any]:
-    """A mutant that makes ``function`` raise at once: its tests must kill it."""
+def forced_failure(source: str, reference: dict[str, Any]) -> dict[str, Any]:
+    """A mutant that makes ``reference``'s function raise at once: its tests must kill it."""
+    function = reference["function"]
     node = find_function(ast.parse(source), function)
     if node is None:
         raise ExecutorFailed(f"forced-fail check: function {function} not found")
@@ -200,8 +173,9 @@ def forced_failure(source: str, function: str, tests: list[str], timeout_s: floa
         "id": f"{function}:forced-failure",
         "function": function,
         "edits": [[edit.start, edit.end, list(edit.new_lines)]],
-        "tests": tests[:5],
-        "timeout_s": timeout_s,
+        "tests": reference["tests"][:5],
+        "budgets": reference["budgets"],
+        "timeout_s": reference["timeout_s"],
     }
 
 
@@ -228,8 +202,9 @@ def _run_executor(
         "target_path": str(target.path),
         "results_dir": str(results_dir),
         "jobs": options.jobs,
+        "max_hangs": options.max_hangs,
         "mutants": pending,
-        "sentinel": forced_failure(source, first["function"], first["tests"], first["timeout_s"]),
+        "sentinel": forced_failure(source, first),
     }
     spec_file = work / "executor-spec.json"
     spec_file.write_text(json.dumps(spec))

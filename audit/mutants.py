@@ -106,9 +106,7 @@ def function_hashes(source: str, functions: Iterable[str]) -> dict[str, str]:
 
 def unified_diff(original: list[str], mutated: list[str], filename: str) -> str:
     name = filename.rsplit("/", 1)[-1]
-    return "".join(
-        difflib.unified_diff(original, mutated, f"a/{name}", f"b/{name}", n=2)
-    )
+    return "".join(difflib.unified_diff(original, mutated, f"a/{name}", f"b/{name}", n=2))
 
 
 def _statement_starts(source: str, filename: str) -> dict[int, int]:

@@ -48,7 +48,7 @@ class Mutation:
         return tuple(lines)
 
 
-class _RecordingVisitor(MutationVisitor):  # type: ignore[misc]
+class _RecordingVisitor(MutationVisitor):
     """mutmut's visitor, also recording which operator made each mutation."""
 
     def __init__(self, ignored: IgnoredCode) -> None:
@@ -92,7 +92,7 @@ def generate(source: str, functions: Iterable[str]) -> list[Mutation]:
     mutations = []
     for operator, where, variant, node, mutated, outer in visitor.records:
         qualname = qualnames.get(id(outer))
-        if qualname not in wanted:
+        if qualname not in wanted or not isinstance(outer, cst.FunctionDef):
             continue
         if id(outer) not in rendered:
             rendered[id(outer)] = _locate(module, outer, positions[outer].start.line, file_lines)

@@ -109,7 +109,6 @@ def mutate(stage: CoverageStage, options: ExecutorOptions) -> MutationStage:
         stage.coverage_map.durations,
         prepared.vllm.version,
         options,
-        stage.coverage_map.lines,
     )
     duration = time.monotonic() - started
     after = environment.verify_untouched(prepared.vllm, config.target)
