@@ -69,6 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
     mutate.add_argument(
         "--suite", action="append", default=[], metavar="ROOT:PATH", help="as for coverage"
     )
+    mutate.add_argument(
+        "--region",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="judge only this region's mutants; repeat for several (default: all)",
+    )
     commands.add_parser(
         "regions", parents=[common], help="resolve the regions against the audited source"
     )
@@ -109,9 +116,8 @@ def run(args: argparse.Namespace) -> ExitCode:
     entries = tuple(parse_suite_path(s) for s in args.suite)
     stage = pipeline.coverage(prepared, entries)
     if args.command == "mutate":
-        return report_mutation(
-            pipeline.mutate(stage, ExecutorOptions(jobs=args.jobs, use_cache=not args.no_cache))
-        )
+        options = ExecutorOptions(jobs=args.jobs, use_cache=not args.no_cache)
+        return report_mutation(pipeline.mutate(stage, options, tuple(args.region)))
     reports = config.reports_dir
     print(
         f"fence-audit: baseline green: {len(stage.run.tests)} tests in "

@@ -92,13 +92,17 @@ def coverage(prepared: Prepared, suite_entries: tuple[SuitePath, ...] = ()) -> C
     return CoverageStage(prepared, suite, run, cmap, regions, after)
 
 
-def mutate(stage: CoverageStage, options: ExecutorOptions) -> MutationStage:
+def mutate(
+    stage: CoverageStage, options: ExecutorOptions, only: tuple[str, ...] = ()
+) -> MutationStage:
+    """Judge the mutants of every region (or of the regions named in ``only``)."""
     prepared = stage.prepared
     config = prepared.config
+    for name in only:
+        config.region(name)  # an unknown name is a ConfigError naming the known ones
+    regions = tuple(r for r in prepared.regions if not only or r.name in only)
     source = prepared.target.path.read_text(encoding="utf-8")
-    mutant_set = build_mutants(
-        source, str(prepared.target.path), prepared.regions, stage.coverage_map.lines
-    )
+    mutant_set = build_mutants(source, str(prepared.target.path), regions, stage.coverage_map.lines)
     started = time.monotonic()
     verdicts = executor.judge(
         config,
@@ -112,7 +116,7 @@ def mutate(stage: CoverageStage, options: ExecutorOptions) -> MutationStage:
     )
     duration = time.monotonic() - started
     after = environment.verify_untouched(prepared.vllm, config.target)
-    names = [region.name for region in prepared.regions]
+    names = [region.name for region in regions]
     results.write_audit(
         config.reports_dir / "audit.json",
         target=prepared.target,

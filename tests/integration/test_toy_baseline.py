@@ -64,7 +64,7 @@ def test_each_line_maps_to_the_tests_that_ran_it(toy) -> None:  # type: ignore[n
     assert cmap.lines[line] == ("tests/test_fence.py::test_register_then_remove_drains",)
     skip = next(i for i, text in enumerate(source, 1) if text.strip() == "continue")
     assert cmap.lines[skip] == ("tests/test_fence.py::test_register_skips_null_block",)
-    assert len(baseline.tests) == 3
+    assert len(baseline.tests) == 4
 
 
 def test_region_coverage_counts_lines_branches_and_tests(toy) -> None:  # type: ignore[no-untyped-def]
@@ -102,7 +102,7 @@ def test_red_baseline_names_the_failing_test_and_the_log(toy) -> None:  # type: 
     with pytest.raises(BaselineFailed) as info:
         run(toy, "tests/test_fence.py", "tests/test_red.py")
     assert info.value.exit_code == ExitCode.BASELINE_FAILED
-    assert "1 of 4 tests failed" in info.value.summary
+    assert "1 of 5 tests failed" in info.value.summary
     assert "tests/test_red.py::test_always_red" in info.value.details["failed"]
     assert Path(info.value.details["log"]).is_file()
 

@@ -16,3 +16,7 @@ def test_register_then_remove_drains():
 
 def test_register_only():
     Fence().register(2, [4])
+
+
+def test_drain_counts_steps():
+    assert Fence().drain(3) == 3

@@ -20,3 +20,9 @@ class Fence:
 
     def flush(self, allocated: set[int]) -> set[int]:
         return {job for block in allocated if block in self.pending for job in self.pending[block]}
+
+    def drain(self, limit: int) -> int:
+        steps = 0
+        while steps < limit:
+            steps += 1
+        return steps

@@ -1,0 +1,153 @@
+"""The mutation engine end to end on the toy target: warm executor, forks, cache."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from audit import coverage_map, executor
+from audit.baseline import run_baseline, stage_suite
+from audit.config import Config, RegionSpec, Selection, StatementSelector, SuitePath, load_config
+from audit.environment import sha256_file
+from audit.errors import ExitCode, MutantsInert
+from audit.model import MutantStatus, Target
+from audit.mutants import build_mutants
+from audit.regions import resolve_regions
+from audit.sources import TestSource
+
+TOY = Path(__file__).parent / "toy"
+REGIONS = (
+    RegionSpec("population", "", (Selection("Fence.register"),)),
+    RegionSpec("removal", "", (Selection("Fence.remove", (StatementSelector("del self"),)),)),
+    RegionSpec("flush", "", (Selection("Fence.flush"),)),
+    RegionSpec("drain", "", (Selection("Fence.drain"),)),
+)
+FAST = executor.ExecutorOptions(jobs=2, timeout_min_s=1.0, timeout_factor=10.0)
+
+
+class Toy:
+    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.root = tmp_path / "toy"
+        shutil.copytree(TOY, self.root)
+        monkeypatch.setenv("PYTHONPATH", str(self.root))
+        self.path = self.root / "toypkg" / "fence.py"
+        self.config: Config = dataclasses.replace(
+            load_config(),
+            target="toypkg.fence",
+            reports_dir=tmp_path / "reports",
+            cache_dir=tmp_path / "cache",
+            project_dir=tmp_path,
+            offline_models=(),
+        )
+
+    def judge(self, tests: str = "tests/test_fence.py", options=FAST):  # type: ignore[no-untyped-def]
+        target = Target("toypkg.fence", self.path, self.path, sha256_file(self.path))
+        source = TestSource(root=self.root, origin="toy")
+        suite = stage_suite(
+            self.config, source, (SuitePath("vllm", tests),), self.config.reports_dir / ".work"
+        )
+        run = run_baseline(self.config, suite, target, self.config.reports_dir / ".work")
+        cmap = coverage_map.build_coverage_map(run, "toy")
+        text = self.path.read_text()
+        regions = resolve_regions(text, REGIONS, filename=str(self.path))
+        mutant_set = build_mutants(text, str(self.path), regions, cmap.lines)
+        verdicts = executor.judge(
+            self.config,
+            suite,
+            target,
+            mutant_set.mutants,
+            mutant_set.function_hashes,
+            cmap.durations,
+            "toy",
+            options,
+        )
+        return mutant_set, verdicts
+
+
+@pytest.fixture
+def toy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Toy:
+    return Toy(tmp_path, monkeypatch)
+
+
+def statuses(mutant_set, verdicts, function: str) -> set[MutantStatus]:  # type: ignore[no-untyped-def]
+    return {verdicts[m.id].status for m in mutant_set.mutants if m.function == function}
+
+
+def test_each_mutant_gets_the_verdict_its_tests_deserve(toy: Toy) -> None:
+    mutant_set, verdicts = toy.judge()
+    # register is tested closely: every mutant is killed, and the killer is named.
+    register = [m for m in mutant_set.mutants if m.function == "Fence.register"]
+    assert register
+    for mutant in register:
+        verdict = verdicts[mutant.id]
+        assert verdict.status is MutantStatus.KILLED, mutant.diff
+        assert verdict.killed_by.startswith("tests/test_fence.py::")
+        assert verdict.failure
+    # flush has no test at all.
+    assert statuses(mutant_set, verdicts, "Fence.flush") == {MutantStatus.NO_TESTS}
+    # `steps += 1` -> `steps = 1` loops for ever: a timeout, and the run goes on.
+    hang = next(m for m in mutant_set.mutants if m.operator == "augmented_assignment")
+    assert "+            steps = 1" in hang.diff
+    assert verdicts[hang.id].status is MutantStatus.TIMEOUT
+    assert "hung" in verdicts[hang.id].failure
+    # `steps = 0` -> `steps = 1` still counts to 3: the test is too weak to notice.
+    weak = next(m for m in mutant_set.mutants if "+        steps = 1" in m.diff)
+    assert verdicts[weak.id].status is MutantStatus.SURVIVED
+
+
+def test_the_audited_file_is_never_written(toy: Toy) -> None:
+    before = toy.path.read_bytes()
+    toy.judge()
+    assert toy.path.read_bytes() == before
+
+
+def test_second_run_takes_every_verdict_from_the_cache(toy: Toy) -> None:
+    _, first = toy.judge()
+    _, second = toy.judge()
+    judged = [v for v in second.values() if v.status is not MutantStatus.NO_TESTS]
+    assert judged
+    assert all(v.cached for v in judged)
+    assert {k: v.status for k, v in first.items()} == {k: v.status for k, v in second.items()}
+
+
+def test_a_changed_test_file_rejudges_the_mutants_it_covers(toy: Toy) -> None:
+    toy.judge()
+    test_file = toy.root / "tests" / "test_fence.py"
+    test_file.write_text(test_file.read_text() + "\n# an edit\n")
+    _, verdicts = toy.judge()
+    judged = [v for v in verdicts.values() if v.status is not MutantStatus.NO_TESTS]
+    assert judged
+    assert not any(v.cached for v in judged)
+
+
+def test_a_changed_function_rejudges_only_its_own_mutants(toy: Toy) -> None:
+    toy.judge()
+    text = toy.path.read_text()
+    toy.path.write_text(text.replace("        steps = 0\n", "        steps = 0  # edited\n"))
+    mutant_set, verdicts = toy.judge()
+    for mutant in mutant_set.mutants:
+        verdict = verdicts[mutant.id]
+        if verdict.status is MutantStatus.NO_TESTS:
+            continue
+        assert verdict.cached is (mutant.function != "Fence.drain"), mutant.id
+
+
+def test_a_cache_entry_is_one_complete_file_per_verdict(toy: Toy) -> None:
+    toy.judge()
+    results = toy.config.cache_dir / "results"
+    files = list(results.iterdir())
+    assert files
+    assert all(f.suffix == ".json" and not f.name.startswith(".") for f in files)
+    for file in files:
+        assert json.loads(file.read_text())["status"] in {"killed", "survived", "timeout"}
+
+
+def test_mutants_that_do_not_switch_on_stop_the_run(toy: Toy) -> None:
+    """The forced-fail check: a test that swallows every error cannot kill anything."""
+    with pytest.raises(MutantsInert) as info:
+        toy.judge(tests="tests/test_swallow.py")
+    assert info.value.exit_code == ExitCode.MUTANTS_INERT
