@@ -1,0 +1,117 @@
+"""mutmut's mutations turned into our mutants: ids, edits, regions, covering tests."""
+
+from __future__ import annotations
+
+import textwrap
+import types
+
+import pytest
+
+from audit import _executor, mutmut_adapter
+from audit.config import RegionSpec, Selection, StatementSelector
+from audit.model import apply_edits
+from audit.mutants import build_mutants, function_hashes, mutant_id
+from audit.regions import resolve_regions
+
+SOURCE = textwrap.dedent(
+    '''\
+    class Fence:
+        def register(self, job, blocks):
+            """Register ``job`` on every non-null block.
+
+            Continuation lines of a docstring are not re-indented by libcst.
+            """
+            for block in blocks:
+                if block == 0:
+                    continue
+                self.pending.setdefault(block, set()).add(job)
+
+        def remove(self, job, blocks):
+            for block in blocks:
+                jobs = self.pending[block]
+                jobs.discard(job)
+                if not jobs:
+                    del self.pending[block]
+    '''
+)
+REGIONS = (
+    RegionSpec("population", "", (Selection("Fence.register", (StatementSelector("if block"),)),)),
+    RegionSpec("removal", "", (Selection("Fence.remove", (StatementSelector("if not jobs"),)),)),
+)
+
+
+def test_every_mutation_applies_and_compiles() -> None:
+    mutations = mutmut_adapter.generate(SOURCE, ["Fence.register", "Fence.remove"])
+    assert len(mutations) > 5
+    for mutation in mutations:
+        mutated = apply_edits(SOURCE, mutation.edits)
+        assert mutated != SOURCE
+        compile(mutated, "fence.py", "exec")
+
+
+def test_only_the_named_functions_are_mutated() -> None:
+    mutations = mutmut_adapter.generate(SOURCE, ["Fence.remove"])
+    assert {m.function for m in mutations} == {"Fence.remove"}
+
+
+def test_ids_are_unique_and_survive_an_edit_elsewhere() -> None:
+    before = [mutant_id(m) for m in mutmut_adapter.generate(SOURCE, ["Fence.remove"])]
+    shifted = "import os\n\n\n" + SOURCE.replace("Register ``job``", "Register the job")
+    after = [mutant_id(m) for m in mutmut_adapter.generate(shifted, ["Fence.remove"])]
+    assert len(set(before)) == len(before)
+    assert before == after
+    assert all(i.startswith("Fence.remove:") for i in before)
+
+
+def test_an_edit_inside_the_function_keeps_the_other_ids() -> None:
+    before = {mutant_id(m) for m in mutmut_adapter.generate(SOURCE, ["Fence.remove"])}
+    edited = SOURCE.replace("                jobs.discard(job)\n", "                jobs.discard(job)  # x\n")
+    after = {mutant_id(m) for m in mutmut_adapter.generate(edited, ["Fence.remove"])}
+    assert before == after
+
+
+def test_in_region_mutants_carry_their_region_and_covering_tests() -> None:
+    regions = resolve_regions(SOURCE, REGIONS, filename="fence.py")
+    lines_to_tests = {8: ("t::a",), 16: ("t::b",), 17: ("t::b", "t::c")}
+    mutant_set = build_mutants(SOURCE, "fence.py", regions, lines_to_tests)
+    by_region = {m.region for m in mutant_set.mutants}
+    assert by_region == {"population", "removal"}
+    covered = {m.line: m.covered_by for m in mutant_set.mutants}
+    assert covered[8] == ("t::a",)  # `block == 0` mutated: the test that ran line 8
+    assert covered[9] == ()  # `continue` -> `break`: no test ran line 9
+    assert covered[16] == ("t::b",)  # `not jobs` -> `jobs`
+    for mutant in mutant_set.mutants:
+        assert mutant.diff.startswith("--- a/fence.py\n+++ b/fence.py\n")
+    outside = {o.function for o in mutant_set.out_of_region}
+    assert outside == {"Fence.register", "Fence.remove"}  # e.g. the loops and the calls
+
+
+def test_function_hashes_ignore_edits_outside_the_function() -> None:
+    names = ["Fence.register", "Fence.remove"]
+    before = function_hashes(SOURCE, names)
+    after = function_hashes(SOURCE.replace("jobs.discard(job)", "jobs.remove(job)"), names)
+    assert before["Fence.register"] == after["Fence.register"]
+    assert before["Fence.remove"] != after["Fence.remove"]
+
+
+def test_activation_swaps_the_code_of_one_live_function() -> None:
+    module = types.ModuleType("toy_fence_for_activation")
+    exec(compile(SOURCE, "fence.py", "exec"), module.__dict__)
+    import sys
+
+    sys.modules[module.__name__] = module
+    try:
+        fence = module.Fence()
+        fence.pending = {}
+        mutated = SOURCE.replace("if block == 0:", "if block != 0:")
+        _executor.activate(module.__name__, "fence.py", "Fence.register", mutated)
+        fence.register(1, [0, 5])  # an instance made before the swap sees it too
+        assert fence.pending == {0: {1}}
+    finally:
+        del sys.modules[module.__name__]
+
+
+def test_activation_names_a_function_the_mutated_text_lacks() -> None:
+    code = compile(SOURCE, "fence.py", "exec")
+    with pytest.raises(LookupError, match="Fence.flush"):
+        _executor.find_code(code, "Fence.flush")
