@@ -68,6 +68,9 @@ def judge(
 
     results_dir = config.cache_dir / "results"
     results_dir.mkdir(parents=True, exist_ok=True)
+    # Leftovers of a run killed mid-way: never read, so safe to drop.
+    for leftover in [*results_dir.glob(".*.tmp"), *results_dir.glob("sentinel-*.json")]:
+        leftover.unlink(missing_ok=True)
     hasher = TestHasher(suite.root)
     verdicts: dict[str, MutantResult] = {}
     pending: list[dict[str, Any]] = []

@@ -65,7 +65,9 @@ def test_ids_are_unique_and_survive_an_edit_elsewhere() -> None:
 
 def test_an_edit_inside_the_function_keeps_the_other_ids() -> None:
     before = {mutant_id(m) for m in mutmut_adapter.generate(SOURCE, ["Fence.remove"])}
-    edited = SOURCE.replace("                jobs.discard(job)\n", "                jobs.discard(job)  # x\n")
+    edited = SOURCE.replace(
+        "                jobs.discard(job)\n", "                jobs.discard(job)  # x\n"
+    )
     after = {mutant_id(m) for m in mutmut_adapter.generate(edited, ["Fence.remove"])}
     assert before == after
 

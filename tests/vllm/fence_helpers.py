@@ -28,3 +28,21 @@ def fence_audit(*args: str, cwd: Path, env: dict[str, str] | None = None) -> Res
         check=False,
     )
     return Result(process.returncode, process.stdout, process.stderr)
+
+
+def private_cache(tmp_path: Path) -> Path:
+    """A fresh cache holding only vLLM's extracted tests (copied from the shared cache).
+
+    Mutant verdicts then start from nothing, and no download is needed.
+    """
+    import shutil
+
+    from audit.config import load_config
+
+    shared = load_config().cache_dir
+    cache = tmp_path / "cache"
+    shutil.copytree(shared / "tests" / "vllm-0.33.0", cache / "tests" / "vllm-0.33.0")
+    (cache / "sdist").mkdir(parents=True)
+    digest = "vllm-0.33.0.tar.gz.sha256"
+    shutil.copy(shared / "sdist" / digest, cache / "sdist" / digest)
+    return cache

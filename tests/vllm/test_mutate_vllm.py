@@ -1,0 +1,151 @@
+"""``fence-audit mutate`` on vLLM 0.33.0: verdicts, the cache, and a run killed mid-way."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from fence_helpers import Result, fence_audit, private_cache
+
+from audit import environment
+
+TARGET = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler"
+REGION = "removal"  # the smallest region: enough to exercise the engine end to end
+
+
+def installed_sha() -> str:
+    return environment.sha256_file(
+        environment.installed_file(environment.installed_vllm("0.33.0"), TARGET)
+    )
+
+
+def mutate(cache: Path, reports: Path, *extra: str) -> Result:
+    return fence_audit(
+        "mutate",
+        "--region",
+        REGION,
+        "--cache-dir",
+        str(cache),
+        "--reports",
+        str(reports),
+        *extra,
+        cwd=Path.cwd(),
+    )
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Result, dict]:  # type: ignore[type-arg]
+    tmp = tmp_path_factory.mktemp("mutate")
+    cache = private_cache(tmp)
+    reports = tmp / "reports"
+    result = mutate(cache, reports)
+    audit = json.loads((reports / "audit.json").read_text())
+    return cache, reports, result, audit
+
+
+def test_every_in_region_mutant_is_judged(first_run) -> None:  # type: ignore[no-untyped-def]
+    _, _, result, audit = first_run
+    assert result.returncode == 0, result.stderr
+    assert audit["format"] == 1
+    assert audit["vllm_version"] == "0.33.0"
+    mutants = audit["mutants"]
+    assert mutants
+    assert {m["region"] for m in mutants} == {REGION}
+    assert {m["origin"] for m in mutants} == {"mutmut"}
+    for mutant in mutants:
+        assert mutant["status"] in {"killed", "survived", "timeout", "no_tests"}, mutant
+        if mutant["status"] == "killed":
+            assert mutant["killed_by"] in mutant["covered_by"]
+            assert mutant["failure"]
+        assert mutant["diff"].startswith("--- a/scheduler.py")
+    tally = audit["regions"][REGION]
+    assert tally["killed"] + tally["survived"] + tally["timeout"] == tally["judged"] > 0
+    assert audit["out_of_region"]
+
+
+def test_installed_scheduler_is_unchanged(first_run) -> None:  # type: ignore[no-untyped-def]
+    _, _, result, audit = first_run
+    assert audit["target"]["sha256"] == installed_sha() == environment.recorded_sha256(TARGET)
+    assert f"unchanged (sha256 {installed_sha()})" in result.stdout
+
+
+def test_a_second_run_judges_nothing_again(first_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cache, _, _, audit = first_run
+    again = mutate(cache, tmp_path / "reports")
+    assert again.returncode == 0, again.stderr
+    second = json.loads((tmp_path / "reports" / "audit.json").read_text())
+    judged = [m for m in second["mutants"] if m["status"] != "no_tests"]
+    assert all(m["cached"] for m in judged)
+    assert second["duration_s"] <= 0.1 * audit["duration_s"]
+    assert {m["id"]: m["status"] for m in second["mutants"]} == {
+        m["id"]: m["status"] for m in audit["mutants"]
+    }
+
+
+def test_two_runs_from_an_empty_cache_agree(first_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    _, _, _, audit = first_run
+    fresh = mutate(private_cache(tmp_path), tmp_path / "reports")
+    assert fresh.returncode == 0, fresh.stderr
+    second = json.loads((tmp_path / "reports" / "audit.json").read_text())
+    assert not any(m["cached"] for m in second["mutants"])
+    assert {m["id"]: m["status"] for m in second["mutants"]} == {
+        m["id"]: m["status"] for m in audit["mutants"]
+    }
+
+
+def test_a_run_killed_mid_way_leaves_vllm_untouched_and_resumes(tmp_path: Path) -> None:
+    cache = private_cache(tmp_path)
+    reports = tmp_path / "reports"
+    before = installed_sha()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "audit",
+            "mutate",
+            "--region",
+            "population",
+            "-j",
+            "2",
+            "--cache-dir",
+            str(cache),
+            "--reports",
+            str(reports),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    results = cache / "results"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and len(list(results.glob("*.json"))) < 5:
+        assert process.poll() is None, "the run ended before it could be killed"
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    done = len(list(results.glob("*.json")))
+    assert done >= 5
+    assert installed_sha() == before
+
+    resumed = fence_audit(
+        "mutate",
+        "--region",
+        "population",
+        "--cache-dir",
+        str(cache),
+        "--reports",
+        str(reports),
+        cwd=Path.cwd(),
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    audit = json.loads((reports / "audit.json").read_text())
+    cached = sum(m["cached"] for m in audit["mutants"])
+    assert cached >= done - 2  # a child may have been mid-write: never a torn file
+    assert all(m["status"] != "error" for m in audit["mutants"])
+    assert installed_sha() == before
