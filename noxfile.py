@@ -99,7 +99,7 @@ def lint(session: nox.Session) -> None:
     session.run("mypy")
 
 
-@nox.session(default=False)
+@nox.session(default=False, reuse_venv=False)  # resolve from nothing, every time
 def lock(session: nox.Session) -> None:
     """Resolve locks/vllm-VERSION.in into locks/vllm-VERSION.txt (pass VERSION)."""
     version = session.posargs[0] if session.posargs else vllm_version()

@@ -109,18 +109,30 @@ class MutationLoop:
         return True
 
     def warm_up(self, items: dict[str, pytest.Item]) -> None:
-        """Run one green test here, so each child starts warm (lazy imports, caches).
+        """Run every covering test once here, so each child starts fully warm.
 
-        The first test in a fresh process pays ~0.1 s of one-time work; paid once
-        here, every child inherits it. The thread count is reported: a test that
-        left threads running would make forking hazardous.
+        A test's first run in a process pays one-time work (lazy imports, caches,
+        up to 2 s for some of vLLM's tests); paid once here, every child inherits
+        it and runs each test at its steady-state speed. The baseline proved these
+        tests green. Thread counts before and after are reported: a test that left
+        threads running would make forking hazardous.
         """
         threads = _os_threads()
-        first = self.spec["warm_up"]
-        if first:
-            runtestprotocol(items[first], nextitem=None, log=False)
+        started = time.monotonic()
+        red = []
+        for test_id in self.spec["warm_up"]:
+            reports = runtestprotocol(items[test_id], nextitem=None, log=False)
+            if any(r.failed for r in reports):
+                red.append(test_id)
         emit(
-            {"event": "warmed", "test": first, "threads_before": threads, "threads": _os_threads()}
+            {
+                "event": "warmed",
+                "tests": len(self.spec["warm_up"]),
+                "seconds": round(time.monotonic() - started, 3),
+                "threads_before": threads,
+                "threads": _os_threads(),
+                "red": red[:10],
+            }
         )
 
     def run_pool(self, items: dict[str, pytest.Item], mutants: list[dict[str, Any]]) -> None:

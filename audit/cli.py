@@ -70,6 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--suite", action="append", default=[], metavar="ROOT:PATH", help="as for coverage"
     )
     mutate.add_argument(
+        "--engine",
+        choices=("fork", "mutmut"),
+        default="fork",
+        help="fork: the warm executor (default); mutmut: mutmut's own runner, to cross-check",
+    )
+    mutate.add_argument(
         "--region",
         action="append",
         default=[],
@@ -117,7 +123,9 @@ def run(args: argparse.Namespace) -> ExitCode:
     stage = pipeline.coverage(prepared, entries)
     if args.command == "mutate":
         options = ExecutorOptions(jobs=args.jobs, use_cache=not args.no_cache)
-        return report_mutation(pipeline.mutate(stage, options, tuple(args.region)))
+        return report_mutation(
+            pipeline.mutate(stage, options, tuple(args.region), engine=args.engine)
+        )
     reports = config.reports_dir
     print(
         f"fence-audit: baseline green: {len(stage.run.tests)} tests in "

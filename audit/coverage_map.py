@@ -8,17 +8,15 @@
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import tempfile
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 import coverage
 from coverage.parser import PythonParser
 
+from audit.files import write_json
 from audit.model import (
     COVERAGE_MAP_FORMAT,
     REGIONS_FORMAT,
@@ -169,13 +167,3 @@ def format_table(regions: tuple[RegionCoverage, ...]) -> str:
     rule = "  ".join("-" * w for w in widths)
     title = "  ".join(cell.ljust(w) for cell, w in zip(header, widths, strict=True))
     return "\n".join([title, rule, *lines])
-
-
-def write_json(path: Path, data: Any) -> None:
-    """Write JSON atomically: a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as out:
-        json.dump(data, out, indent=1, sort_keys=False)
-        out.write("\n")
-    Path(tmp).replace(path)

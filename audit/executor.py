@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -200,7 +201,7 @@ def _run_executor(
         "overlay": {target.module: str(target.path)} if suite.source.checkout else {},
         # Native tracebacks: pytest's own long format costs ~0.5 s per killed mutant.
         "pytest_args": [*pytest_args(suite, work), "--tb=native"],
-        "warm_up": min(first["tests"], key=lambda t: durations.get(t, 0.0)),
+        "warm_up": sorted({t for entry in pending for t in entry["tests"]}),
         "target_module": target.module,
         "target_path": str(target.path),
         "results_dir": str(results_dir),
@@ -279,3 +280,54 @@ def _load(mutant_id: str, path: Path, *, cached: bool = False) -> MutantResult:
         duration_s=float(data.get("duration_s", 0.0)),
         cached=cached,
     )
+
+
+def judge_with_mutmut(
+    config: Config,
+    suite: Suite,
+    target: Target,
+    mutants: Iterable[Mutant],
+    options: ExecutorOptions,
+) -> dict[str, MutantResult]:
+    """The same mutants judged by mutmut's own runner, for cross-checking the engine."""
+    from audit import mutmut_adapter
+
+    work = config.reports_dir / ".work"
+    project = work / "mutmut"
+    mutmut_adapter.stage_project(
+        project,
+        module=target.module,
+        source=target.path.read_text(),
+        installed_package=_package_root(target),
+        tests_root=suite.root,
+        test_paths=[p for p in suite.paths if not p.startswith("project/")],
+        pytest_args=["-p", "no:cacheprovider", "-W", "ignore::pytest.PytestUnknownMarkWarning"],
+    )
+    chosen = [m for m in mutants if m.covered_by]
+    names = {mutmut_adapter.mutmut_name(target.module, m.function, m.ordinal): m for m in chosen}
+    hf_home = prepare_hf_home(config.cache_dir, config.offline_models)
+    started = time.monotonic()
+    statuses = mutmut_adapter.run_mutmut(
+        project,
+        sorted(names),
+        jobs=options.jobs,
+        env=child_environment(os.environ, hf_home),
+        log=config.reports_dir / "logs" / "mutmut.log",
+    )
+    elapsed = time.monotonic() - started
+    verdicts = {m.id: MutantResult(m.id, MutantStatus.NO_TESTS) for m in mutants}
+    for name, mutant in names.items():
+        status = statuses.get(name)
+        verdicts[mutant.id] = MutantResult(
+            mutant.id,
+            MutantStatus(status) if status else MutantStatus.ERROR,
+            failure="" if status else "mutmut recorded no verdict",
+            duration_s=round(elapsed / max(len(names), 1), 3),
+        )
+    return verdicts
+
+
+def _package_root(target: Target) -> Path:
+    """The installed top-level package folder of the target (site-packages/vllm)."""
+    depth = len(target.module.split(".")) - 1
+    return target.installed_path.parents[depth - 1]

@@ -122,6 +122,7 @@ class Mutant:
     region: str  # "" when outside every region
     function: str
     operator: str
+    ordinal: int  # the generator's own number for it within its function (mutmut's)
     line: int  # where the mutated code starts, in the audited source
     changed_lines: tuple[int, ...]
     diff: str

@@ -70,6 +70,7 @@ def build_mutants(
                 region=owners.pop(),
                 function=mutation.function,
                 operator=mutation.operator,
+                ordinal=mutation.ordinal,
                 line=mutation.line,
                 changed_lines=mutation.changed_lines,
                 diff=unified_diff(original, mutated.splitlines(keepends=True), filename),

@@ -13,9 +13,14 @@ This is the one file to change when mutmut changes.
 from __future__ import annotations
 
 import difflib
+import json
+import shutil
+import subprocess
+import sys
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
@@ -38,6 +43,7 @@ class Mutation:
     end_line: int  # and ends: nested nodes may start at the same place
     end_column: int
     variant: int  # which of the operator's outputs for this node
+    ordinal: int  # mutmut's own 1-based number of this mutation within the function
     edits: tuple[LineEdit, ...]
 
     @property
@@ -53,13 +59,15 @@ class _RecordingVisitor(MutationVisitor):
 
     def __init__(self, ignored: IgnoredCode) -> None:
         super().__init__(mutation_operators, ignored)
-        self.records: list[tuple[str, CodeRange, int, cst.CSTNode, cst.CSTNode, cst.CSTNode]] = []
+        self.records: list[
+            tuple[str, CodeRange | None, int, cst.CSTNode, cst.CSTNode, cst.CSTNode | None]
+        ] = []
 
     def _create_mutations(self, node: cst.CSTNode) -> None:
+        # Every mutation mutmut itself would make is recorded, in mutmut's order, so
+        # that our ordinals match its per-function mutant numbers.
         outer = self.get_metadata(OuterFunctionProvider, node, None)
         position = self.get_metadata(PositionProvider, node, None)
-        if outer is None or position is None:
-            return
         for node_type, operator in self._operators:
             if not isinstance(node, node_type):
                 continue
@@ -90,9 +98,11 @@ def generate(source: str, functions: Iterable[str]) -> list[Mutation]:
 
     rendered: dict[int, tuple[list[str], int, str, list[bool]]] = {}
     mutations = []
+    ordinals: dict[int, int] = defaultdict(int)
     for operator, where, variant, node, mutated, outer in visitor.records:
+        ordinals[id(outer)] += 1
         qualname = qualnames.get(id(outer))
-        if qualname not in wanted or not isinstance(outer, cst.FunctionDef):
+        if qualname not in wanted or not isinstance(outer, cst.FunctionDef) or where is None:
             continue
         if id(outer) not in rendered:
             rendered[id(outer)] = _locate(module, outer, positions[outer].start.line, file_lines)
@@ -115,6 +125,7 @@ def generate(source: str, functions: Iterable[str]) -> list[Mutation]:
                 end_line=where.end.line,
                 end_column=where.end.column,
                 variant=variant,
+                ordinal=ordinals[id(outer)],
                 edits=tuple(edits),
             )
         )
@@ -184,8 +195,90 @@ def _edits(
     return edits
 
 
-def group_by_function(mutations: Iterable[Mutation]) -> dict[str, list[Mutation]]:
-    groups: dict[str, list[Mutation]] = defaultdict(list)
-    for mutation in mutations:
-        groups[mutation.function].append(mutation)
-    return dict(groups)
+# --- mutmut's own runner, as a second engine over the same mutants ------------
+
+# mutmut's exit-code vocabulary (mutmut.stats.status_by_exit_code) in our statuses.
+_STATUS = {"killed": "killed", "survived": "survived", "timeout": "timeout", "no tests": "no_tests"}
+
+
+def mutmut_name(module: str, function: str, ordinal: int) -> str:
+    """mutmut's name for a mutant: ``pkg.mod.xǁClassǁmethod__mutmut_7``."""
+    from mutmut.mutation.trampoline_templates import mangle_function_name
+
+    class_name, _, name = function.rpartition(".")
+    mangled = mangle_function_name(name=name, class_name=class_name or None)
+    return f"{module}.{mangled}__mutmut_{ordinal}"
+
+
+def stage_project(
+    project: Path,
+    *,
+    module: str,
+    source: str,
+    installed_package: Path,
+    tests_root: Path,
+    test_paths: Iterable[str],
+    pytest_args: Iterable[str],
+) -> None:
+    """Lay out a project the way a plain mutmut user would, with a shadow package.
+
+    mutmut mutates files inside its project (pointed at site-packages it rewrites
+    the installed file), so the audited module is copied into ``project`` under its
+    package path; each shadow ``__init__.py`` puts the installed package after
+    itself on ``__path__`` and runs the installed ``__init__``, so every other
+    module still comes from the installed vLLM.
+    """
+    if project.exists():
+        shutil.rmtree(project)
+    parts = module.split(".")
+    for depth in range(1, len(parts)):
+        package = project.joinpath(*parts[:depth])
+        package.mkdir(parents=True, exist_ok=True)
+        real = installed_package.parent.joinpath(*parts[:depth])
+        (package / "__init__.py").write_text(_SHADOW_INIT.format(real=str(real)))
+    project.joinpath(*parts[:-1], parts[-1] + ".py").write_text(source)
+    (project / "tests").mkdir()
+    for child in (tests_root / "tests").iterdir():
+        if child.name not in ("conftest.py", "__pycache__"):
+            (project / "tests" / child.name).symlink_to(child)
+    relpath = "/".join(parts) + ".py"
+    (project / "pyproject.toml").write_text(
+        "[tool.mutmut]\n"
+        f"source_paths = [{json.dumps(parts[0])}]\n"
+        f"only_mutate = [{json.dumps(relpath)}]\n"
+        'also_copy = ["tests"]\n'
+        f"pytest_add_cli_args_test_selection = {json.dumps(list(test_paths))}\n"
+        f"pytest_add_cli_args = {json.dumps(list(pytest_args))}\n"
+    )
+
+
+_SHADOW_INIT = """\
+# Generated by fence-audit: a shadow of the installed package {real}.
+__path__.append({real!r})
+_init = {real!r} + "/__init__.py"
+with open(_init) as _file:
+    exec(compile(_file.read(), _init, "exec"))
+"""
+
+
+def run_mutmut(
+    project: Path, names: Iterable[str], *, jobs: int, env: Mapping[str, str], log: Path
+) -> dict[str, str]:
+    """``mutmut run NAMES`` in ``project``; each name's status in our vocabulary."""
+    with log.open("w") as out:
+        subprocess.run(
+            [sys.executable, "-m", "mutmut", "run", "--max-children", str(jobs), *names],
+            cwd=project,
+            env=dict(env),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            check=False,
+        )
+    from mutmut.stats import status_by_exit_code
+
+    statuses: dict[str, str] = {}
+    for meta in (project / "mutants").rglob("*.meta"):
+        data = json.loads(meta.read_text())
+        for name, exit_code in data.get("exit_code_by_key", {}).items():
+            statuses[name] = _STATUS.get(status_by_exit_code[exit_code], "error")
+    return statuses

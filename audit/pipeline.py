@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from audit import coverage_map, environment, executor, results, sources
+from audit import coverage_map, environment, executor, results, sources, stryker
 from audit.baseline import Suite, run_baseline, stage_suite
 from audit.config import Config, SuitePath
 from audit.environment import Fingerprint
@@ -93,7 +93,10 @@ def coverage(prepared: Prepared, suite_entries: tuple[SuitePath, ...] = ()) -> C
 
 
 def mutate(
-    stage: CoverageStage, options: ExecutorOptions, only: tuple[str, ...] = ()
+    stage: CoverageStage,
+    options: ExecutorOptions,
+    only: tuple[str, ...] = (),
+    engine: str = "fork",
 ) -> MutationStage:
     """Judge the mutants of every region (or of the regions named in ``only``)."""
     prepared = stage.prepared
@@ -104,30 +107,37 @@ def mutate(
     source = prepared.target.path.read_text(encoding="utf-8")
     mutant_set = build_mutants(source, str(prepared.target.path), regions, stage.coverage_map.lines)
     started = time.monotonic()
-    verdicts = executor.judge(
-        config,
-        stage.suite,
-        prepared.target,
-        mutant_set.mutants,
-        mutant_set.function_hashes,
-        stage.coverage_map.durations,
-        prepared.vllm.version,
-        options,
-    )
+    if engine == "mutmut":
+        verdicts = executor.judge_with_mutmut(
+            config, stage.suite, prepared.target, mutant_set.mutants, options
+        )
+    else:
+        verdicts = executor.judge(
+            config,
+            stage.suite,
+            prepared.target,
+            mutant_set.mutants,
+            mutant_set.function_hashes,
+            stage.coverage_map.durations,
+            prepared.vllm.version,
+            options,
+        )
     duration = time.monotonic() - started
     after = environment.verify_untouched(prepared.vllm, config.target)
     names = [region.name for region in regions]
-    results.write_audit(
+    document = results.write_audit(
         config.reports_dir / "audit.json",
         target=prepared.target,
         vllm_version=prepared.vllm.version,
         suite={"tests_from": prepared.source.origin, "paths": list(stage.suite.selection)},
+        engine=engine,
         mutants=mutant_set.mutants,
         verdicts=verdicts,
         out_of_region=mutant_set.out_of_region,
         regions=names,
         duration_s=duration,
     )
+    stryker.write_mutation_report(config.reports_dir / "mutation.json", document)
     tallies = results.tally_by_region(mutant_set.mutants, verdicts, names)
     overall = Tally.of(verdicts[m.id].status for m in mutant_set.mutants)
     return MutationStage(stage, mutant_set, verdicts, tallies, overall, duration, after)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from audit import __version__
-from audit.coverage_map import write_json
+from audit.files import write_json
 from audit.model import Mutant, MutantResult, MutantStatus, Target
 from audit.mutants import OutOfRegion
 
@@ -66,6 +66,7 @@ def write_audit(
     out_of_region: tuple[OutOfRegion, ...],
     regions: Iterable[str],
     duration_s: float,
+    engine: str = "fork",
 ) -> dict[str, Any]:
     tallies = tally_by_region(mutants, verdicts, regions)
     overall = Tally.of(verdicts[m.id].status for m in mutants)
@@ -75,6 +76,7 @@ def write_audit(
         "vllm_version": vllm_version,
         "target": {"module": target.module, "path": str(target.path), "sha256": target.sha256},
         "suite": suite,
+        "engine": engine,
         "duration_s": round(duration_s, 3),
         "score": _score(overall),
         "regions": {name: _score(tally) for name, tally in tallies.items()},

@@ -115,5 +115,5 @@ def test_activation_swaps_the_code_of_one_live_function() -> None:
 
 def test_activation_names_a_function_the_mutated_text_lacks() -> None:
     code = compile(SOURCE, "fence.py", "exec")
-    with pytest.raises(LookupError, match="Fence.flush"):
+    with pytest.raises(LookupError, match=r"Fence\.flush"):
         _executor.find_code(code, "Fence.flush")

@@ -1,0 +1,349 @@
+"""The Stryker report: audit.json converted, checked against the published schema."""
+
+from __future__ import annotations
+
+import base64
+import difflib
+import hashlib
+import io
+import json
+import tarfile
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from audit import files
+from audit.config import default_cache_dir
+from audit.errors import TargetModified
+from audit.stryker import STRYKER_SCHEMA_VERSION, write_mutation_report
+
+# The npm package that publishes the report schema. Its own version is not the
+# schema's: 3.x publishes schemaVersion "2". Pins from the registry's dist fields.
+SCHEMA_PACKAGE = "mutation-testing-report-schema"
+SCHEMA_PACKAGE_VERSION = "3.8.4"
+SCHEMA_SHASUM = "d02941338340c932f4222f68edded6f75b6f929f"
+SCHEMA_INTEGRITY = (
+    "sha512-s4G71R6Lt/PpZ0cqeglIcgyBdzLM8E+SeCHZAPg1wkSsPt"
+    "RBa4XfPzAozYKdiJk/TLbNEEb7En9t0/bveuPuxA=="
+)
+SCHEMA_TARBALL = (
+    f"https://registry.npmjs.org/{SCHEMA_PACKAGE}/-/{SCHEMA_PACKAGE}-{SCHEMA_PACKAGE_VERSION}.tgz"
+)
+SCHEMA_MEMBER = "package/dist/src/mutation-testing-report-schema.json"
+
+SOURCE = """\
+def release(pending, ids):
+    for bid in ids or ():
+        if not pending[bid]:
+            del pending[bid]
+    return sorted(
+        pending,
+    )
+"""
+TEST_A = "tests/test_fence.py::test_release_drops_empty[True]"
+TEST_B = "tests/test_fence.py::TestOrder::test_sorted"
+TEST_C = "tests/test_other.py::test_noop"
+
+
+def _matches_pins(data: bytes) -> bool:
+    sha512 = "sha512-" + base64.b64encode(hashlib.sha512(data).digest()).decode()
+    return hashlib.sha1(data).hexdigest() == SCHEMA_SHASUM and sha512 == SCHEMA_INTEGRITY
+
+
+def published_schema(cache_dir: Path, url: str = SCHEMA_TARBALL) -> dict[str, Any]:
+    """The schema from the pinned npm tarball: downloaded once, then read from the cache."""
+    tarball = cache_dir / f"{SCHEMA_PACKAGE}-{SCHEMA_PACKAGE_VERSION}.tgz"
+    data = tarball.read_bytes() if tarball.is_file() else b""
+    if not _matches_pins(data):
+        try:
+            with urllib.request.urlopen(url, timeout=30) as response:
+                data = response.read()
+        except OSError as exc:
+            pytest.skip(
+                f"the Stryker report schema is not cached at {tarball} and the npm registry "
+                f"is unreachable ({exc}); run once with network to cache it"
+            )
+        if not _matches_pins(data):
+            pytest.fail(f"{url} does not match the pinned shasum/integrity; not cached")
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        partial = tarball.with_suffix(".part")
+        partial.write_bytes(data)
+        partial.replace(tarball)
+    with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+        member = archive.extractfile(SCHEMA_MEMBER)
+        assert member is not None
+        schema: dict[str, Any] = json.load(member)
+    return schema
+
+
+@pytest.fixture(scope="module")
+def schema() -> dict[str, Any]:
+    return published_schema(default_cache_dir() / "schemas")
+
+
+def mutated(line: int, new_text: str, last: int | None = None) -> str:
+    """The unified diff (as audit.json stores it) of SOURCE with lines line..last replaced."""
+    original = SOURCE.splitlines(keepends=True)
+    changed = [*original]
+    changed[line - 1 : last or line] = new_text.splitlines(keepends=True)
+    return "".join(difflib.unified_diff(original, changed, "a/fence.py", "b/fence.py", n=2))
+
+
+def mutant(identifier: str, line: int, status: str, diff: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "id": identifier,
+        "region": "removal",
+        "origin": "mutmut",
+        "function": "release",
+        "operator": identifier.split(":")[1].partition("@")[0],
+        "line": line,
+        "status": status,
+        "killed_by": None,
+        "failure": None,
+        "covered_by": [TEST_A, TEST_B],
+        "tests_run": [TEST_A, TEST_B],
+        "duration_s": 0.25,
+        "cached": False,
+        "diff": diff,
+        **extra,
+    }
+
+
+@pytest.fixture
+def audit(tmp_path: Path) -> dict[str, Any]:
+    target = tmp_path / "fence.py"
+    target.write_text(SOURCE)
+    mutants = [
+        mutant(
+            "release:remove_unary_ops@2:11-2:27#0",
+            3,
+            "killed",
+            mutated(3, "        if pending[bid]:\n"),
+            killed_by=TEST_A,
+            failure="AssertionError: block 3 still fenced",
+            tests_run=[TEST_A],
+        ),
+        mutant(
+            "release:swap_op@1:15-1:24#0", 2, "survived", mutated(2, "    for bid in ids and ():\n")
+        ),
+        mutant("release:statement@3:12-3:28#0", 4, "timeout", mutated(4, "            pass\n")),
+        mutant(
+            "release:arg_removal@4:11-6:5#0",
+            5,
+            "no_tests",
+            mutated(6, "        None,\n"),
+            covered_by=[],
+            tests_run=[],
+        ),
+        # No position in its id: placed on the lines its diff changes.
+        mutant(
+            "release:catalogue/return_empty",
+            5,
+            "error",
+            mutated(5, "    return []\n", last=7),
+            origin="catalogue",
+            failure="SyntaxError: invalid syntax",
+            covered_by=[TEST_C],
+        ),
+    ]
+    return {
+        "format": 1,
+        "tool": {"name": "fence-audit", "version": "0.1.0.dev0"},
+        "vllm_version": "0.33.0",
+        "target": {
+            "module": "pkg.fence",
+            "path": str(target),
+            "sha256": hashlib.sha256(SOURCE.encode()).hexdigest(),
+        },
+        "suite": {"tests_from": "hand-written", "paths": ["project:tests/test_fence.py"]},
+        "duration_s": 1.5,
+        "score": {},
+        "regions": {},
+        "mutants": mutants,
+        "out_of_region": [],
+    }
+
+
+def written(tmp_path: Path, audit: dict[str, Any]) -> dict[str, Any]:
+    out = tmp_path / "reports" / "mutation.json"
+    write_mutation_report(out, audit)
+    report: dict[str, Any] = json.loads(out.read_text())
+    return report
+
+
+def by_id(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    (file,) = report["files"].values()
+    return {m["id"]: m for m in file["mutants"]}
+
+
+def test_report_is_valid_under_the_published_schema(
+    schema: dict[str, Any], audit: dict[str, Any], tmp_path: Path
+) -> None:
+    report = written(tmp_path, audit)
+    validator = jsonschema.validators.validator_for(schema)  # the schema's $schema: draft 7
+    validator.check_schema(schema)
+    validator(schema).validate(report)
+    assert report["schemaVersion"] == STRYKER_SCHEMA_VERSION == "2"
+
+
+@pytest.mark.parametrize(
+    ("ours", "stryker_status"),
+    [
+        ("killed", "Killed"),
+        ("survived", "Survived"),
+        ("timeout", "Timeout"),
+        ("no_tests", "NoCoverage"),
+        ("error", "RuntimeError"),
+    ],
+)
+def test_each_status_maps_to_its_stryker_status(
+    ours: str, stryker_status: str, audit: dict[str, Any], tmp_path: Path
+) -> None:
+    (ours_mutant,) = [m for m in audit["mutants"] if m["status"] == ours]
+    assert by_id(written(tmp_path, audit))[ours_mutant["id"]]["status"] == stryker_status
+
+
+def test_an_unknown_status_is_refused(audit: dict[str, Any], tmp_path: Path) -> None:
+    audit["mutants"][0]["status"] = "flaky"
+    with pytest.raises(ValueError, match="flaky"):
+        written(tmp_path, audit)
+
+
+def test_killing_and_covering_tests_are_all_listed_under_test_files(
+    audit: dict[str, Any], tmp_path: Path
+) -> None:
+    report = written(tmp_path, audit)
+    listed = {t["id"] for f in report["testFiles"].values() for t in f["tests"]}
+    for m in by_id(report).values():
+        assert set(m.get("killedBy", [])) <= listed
+        assert set(m.get("coveredBy", [])) <= listed
+    assert by_id(report)["release:remove_unary_ops@2:11-2:27#0"]["killedBy"] == [TEST_A]
+
+
+def test_tests_are_grouped_by_the_file_before_the_double_colon(
+    audit: dict[str, Any], tmp_path: Path
+) -> None:
+    files = written(tmp_path, audit)["testFiles"]
+    assert files == {
+        "tests/test_fence.py": {
+            "tests": [
+                {"id": TEST_B, "name": "TestOrder::test_sorted"},
+                {"id": TEST_A, "name": "test_release_drops_empty[True]"},
+            ]
+        },
+        "tests/test_other.py": {"tests": [{"id": TEST_C, "name": "test_noop"}]},
+    }
+
+
+def test_the_file_is_keyed_by_module_path_and_carries_the_audited_source(
+    audit: dict[str, Any], tmp_path: Path
+) -> None:
+    files = written(tmp_path, audit)["files"]
+    assert list(files) == ["pkg/fence.py"]
+    assert files["pkg/fence.py"]["language"] == "python"
+    assert files["pkg/fence.py"]["source"] == SOURCE
+    assert len(files["pkg/fence.py"]["mutants"]) == len(audit["mutants"])
+
+
+def test_location_is_the_mutated_node_with_one_based_columns(
+    audit: dict[str, Any], tmp_path: Path
+) -> None:
+    mutants = by_id(written(tmp_path, audit))
+    one_line = mutants["release:remove_unary_ops@2:11-2:27#0"]
+    assert one_line["location"] == {
+        "start": {"line": 3, "column": 12},
+        "end": {"line": 3, "column": 28},
+    }
+    assert one_line["replacement"] == "pending[bid]"
+    multi_line = mutants["release:arg_removal@4:11-6:5#0"]
+    assert multi_line["location"] == {
+        "start": {"line": 5, "column": 12},
+        "end": {"line": 7, "column": 6},
+    }
+    assert multi_line["replacement"] == "sorted(\n        None,\n    )"
+
+
+def test_an_id_without_position_spans_the_lines_its_diff_changes(
+    audit: dict[str, Any], tmp_path: Path
+) -> None:
+    located = by_id(written(tmp_path, audit))["release:catalogue/return_empty"]
+    assert located["location"] == {
+        "start": {"line": 5, "column": 1},
+        "end": {"line": 7, "column": 6},
+    }
+    assert located["replacement"] == "    return []"
+
+
+def test_a_diff_that_does_not_fit_the_source_gives_no_replacement(
+    audit: dict[str, Any], tmp_path: Path
+) -> None:
+    audit["mutants"][0]["diff"] = audit["mutants"][0]["diff"].replace("if not", "if nott")
+    located = by_id(written(tmp_path, audit))["release:remove_unary_ops@2:11-2:27#0"]
+    assert "replacement" not in located
+    assert located["location"]["start"] == {"line": 3, "column": 12}
+
+
+def test_region_failure_and_timing_become_description_reason_and_duration(
+    audit: dict[str, Any], tmp_path: Path
+) -> None:
+    killed = by_id(written(tmp_path, audit))["release:remove_unary_ops@2:11-2:27#0"]
+    assert killed["mutatorName"] == "remove_unary_ops"
+    assert killed["description"] == "removal"
+    assert killed["statusReason"] == "AssertionError: block 3 still fenced"
+    assert (killed["duration"], killed["testsCompleted"]) == (250.0, 1)
+    survived = by_id(written(tmp_path, audit))["release:swap_op@1:15-1:24#0"]
+    assert "statusReason" not in survived
+    assert "killedBy" not in survived
+
+
+def test_a_source_changed_since_the_audit_is_refused(audit: dict[str, Any], tmp_path: Path) -> None:
+    Path(audit["target"]["path"]).write_text(SOURCE + "# edited\n")
+    with pytest.raises(TargetModified):
+        written(tmp_path, audit)
+
+
+def test_writing_replaces_the_report_and_leaves_no_temporary_file(
+    audit: dict[str, Any], tmp_path: Path
+) -> None:
+    out = tmp_path / "reports" / "mutation.json"
+    out.parent.mkdir()
+    out.write_text("old")
+    write_mutation_report(out, audit)
+    assert json.loads(out.read_text())["schemaVersion"] == "2"
+    assert [p.name for p in out.parent.iterdir()] == ["mutation.json"]
+    assert out.read_text().startswith('{\n "schemaVersion"')  # indent=1
+
+
+def test_a_failed_write_keeps_the_old_report_and_no_temporary_file(
+    audit: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "mutation.json"
+    out.write_text("old")
+
+    def disk_full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(files.os, "fsync", disk_full)
+    with pytest.raises(OSError, match="No space"):
+        write_mutation_report(out, audit)
+    assert out.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir() if p.suffix == ".tmp"] == []
+
+
+def test_schema_helper_skips_with_a_reason_when_neither_cache_nor_network(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(pytest.skip.Exception, match=r"not cached .* unreachable"):
+        published_schema(tmp_path, url="http://127.0.0.1:9/unreachable.tgz")
+
+
+def test_schema_helper_reuses_the_cache_without_network(
+    schema: dict[str, Any], tmp_path: Path
+) -> None:
+    cached = default_cache_dir() / "schemas" / f"{SCHEMA_PACKAGE}-{SCHEMA_PACKAGE_VERSION}.tgz"
+    copy = tmp_path / cached.name
+    copy.write_bytes(cached.read_bytes())
+    assert published_schema(tmp_path, url="http://127.0.0.1:9/unreachable.tgz") == schema
