@@ -83,6 +83,12 @@ def coverage(session: nox.Session) -> None:
     fence_audit(session, "coverage")
 
 
+@nox.session(venv_backend="none", default=False)
+def bench(session: nox.Session) -> None:
+    """Time this executor against mutmut, fresh processes and the floor; print ratios."""
+    fence_audit(session, "bench")
+
+
 @nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
     """Run fence-audit's own tests (unit, integration, and against real vLLM)."""

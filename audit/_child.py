@@ -60,6 +60,26 @@ class Recorder:
             test["outcome"] = "xfailed" if hasattr(report, "wasxfail") else "skipped"
 
 
+class Select:
+    """Keep only the listed test ids, in the listed order (one collection per file,
+    where passing each node id on the command line would collect its file again)."""
+
+    def __init__(self, test_ids: list[str] | None) -> None:
+        self.test_ids = test_ids
+
+    def pytest_collection_modifyitems(
+        self, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
+        if self.test_ids is None:
+            return
+        by_id = {item.nodeid: item for item in items}
+        kept = [by_id[t] for t in self.test_ids if t in by_id]
+        config.hook.pytest_deselected(
+            items=[i for i in items if i.nodeid not in set(self.test_ids)]
+        )
+        items[:] = kept
+
+
 def _first_lines(text: str) -> str:
     return "\n".join(text.splitlines()[-FAILURE_LINES:])
 
@@ -69,6 +89,9 @@ def main(argv: list[str]) -> int:
     if spec["overlay"]:
         overlay.install({name: Path(file) for name, file in spec["overlay"].items()})
     hermetic.block_network()
+    if not spec.get("coverage", True):
+        # A plain run (the benchmark's fresh process per mutant): no measurement.
+        return int(pytest.main(spec["pytest_args"], plugins=[Select(spec.get("select"))]))
     cov = coverage.Coverage(
         data_file=spec["data_file"],
         branch=True,

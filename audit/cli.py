@@ -82,6 +82,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="judge only this region's mutants; repeat for several (default: all)",
     )
+    bench = commands.add_parser(
+        "bench",
+        parents=[common],
+        help="time this executor against mutmut, fresh processes and the floor",
+    )
+    bench.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
+    bench.add_argument("--region", action="append", default=[], metavar="NAME")
+    bench.add_argument("--suite", action="append", default=[], metavar="ROOT:PATH")
+    bench.add_argument(
+        "--sample", type=int, default=5, help="mutants judged in fresh processes (default 5)"
+    )
     commands.add_parser(
         "regions", parents=[common], help="resolve the regions against the audited source"
     )
@@ -121,12 +132,23 @@ def run(args: argparse.Namespace) -> ExitCode:
 
     entries = tuple(parse_suite_path(s) for s in args.suite)
     stage = pipeline.coverage(prepared, entries)
+    reports = config.reports_dir
+    if args.command == "bench":
+        from audit import bench
+
+        result = bench.run_bench(
+            stage, ExecutorOptions(jobs=args.jobs), tuple(args.region), args.sample
+        )
+        bench.write_bench(result, reports / "bench.json")
+        print()
+        print(bench.format_bench(result))
+        print(f"\nfence-audit: benchmark in {reports / 'bench.json'}")
+        return ExitCode.OK
     if args.command == "mutate":
         options = ExecutorOptions(jobs=args.jobs, use_cache=not args.no_cache)
         return report_mutation(
             pipeline.mutate(stage, options, tuple(args.region), engine=args.engine)
         )
-    reports = config.reports_dir
     print(
         f"fence-audit: baseline green: {len(stage.run.tests)} tests in "
         f"{stage.run.duration_s:.1f}s (log: {stage.run.log})"
