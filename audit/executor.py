@@ -235,6 +235,8 @@ def _run_executor(
                 out.write(line)
                 if event["event"] == "judged":
                     progress.update(event["status"])
+                elif event["event"] == "warmed":
+                    progress.start()
                 elif event["event"] == "sentinel":
                     sentinel = event
                 elif event["event"] == "missing_tests":

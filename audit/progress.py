@@ -21,6 +21,10 @@ class ProgressBar:
         self.tty = self.stream.isatty()
         self._last_decile = -1
 
+    def start(self) -> None:
+        """Start the clock the ETA is measured by (when judging really begins)."""
+        self.started = time.monotonic()
+
     @property
     def done(self) -> int:
         return sum(self.counts.values())

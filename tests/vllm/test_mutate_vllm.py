@@ -10,10 +10,13 @@ import sys
 import time
 from pathlib import Path
 
+import jsonschema
 import pytest
 from fence_helpers import Result, fence_audit, private_cache
+from stryker_schema import published_schema
 
 from audit import environment
+from audit.config import default_cache_dir
 
 TARGET = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler"
 REGION = "removal"  # the smallest region: enough to exercise the engine end to end
@@ -67,6 +70,14 @@ def test_every_in_region_mutant_is_judged(first_run) -> None:  # type: ignore[no
     tally = audit["regions"][REGION]
     assert tally["killed"] + tally["survived"] + tally["timeout"] == tally["judged"] > 0
     assert audit["out_of_region"]
+
+
+def test_the_stryker_report_is_valid_under_the_published_schema(first_run) -> None:  # type: ignore[no-untyped-def]
+    _, reports, _, audit = first_run
+    report = json.loads((reports / "mutation.json").read_text())
+    jsonschema.validate(report, published_schema(default_cache_dir() / "schemas"))
+    (file,) = report["files"].values()
+    assert len(file["mutants"]) == len(audit["mutants"])
 
 
 def test_installed_scheduler_is_unchanged(first_run) -> None:  # type: ignore[no-untyped-def]
