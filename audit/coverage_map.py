@@ -8,15 +8,13 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections import defaultdict
 from pathlib import Path
 
 import coverage
 from coverage.parser import PythonParser
 
-from audit.files import write_json
+from audit.files import replaced_dir, write_json
 from audit.model import (
     COVERAGE_MAP_FORMAT,
     REGIONS_FORMAT,
@@ -129,9 +127,7 @@ def write_regions(regions: tuple[RegionCoverage, ...], run: BaselineRun, path: P
 
 def write_html(run: BaselineRun, directory: Path) -> None:
     """coverage.py's HTML for the target file, contexts shown; replaced atomically."""
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=directory.parent, prefix=".coverage-html-"))
-    try:
+    with replaced_dir(directory) as staging:
         cov = coverage.Coverage(data_file=str(run.data_file), branch=True, config_file=False)
         cov.load()
         cov.html_report(
@@ -140,12 +136,6 @@ def write_html(run: BaselineRun, directory: Path) -> None:
             show_contexts=True,
             title=f"fence-audit baseline: {run.target.module}",
         )
-        if directory.exists():
-            shutil.rmtree(directory)
-        staging.replace(directory)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging)
 
 
 def format_table(regions: tuple[RegionCoverage, ...]) -> str:

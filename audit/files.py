@@ -1,10 +1,13 @@
-"""Writing report files so that a reader never sees half of one."""
+"""Writing files and folders so that a reader never sees half of one."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,3 +27,21 @@ def write_json(path: Path, document: Any) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+@contextlib.contextmanager
+def replaced_dir(target: Path) -> Iterator[Path]:
+    """Yield an empty staging folder beside ``target``; on success it becomes ``target``.
+
+    Whatever fails inside leaves ``target`` as it was and the staging folder gone.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.part-"))
+    try:
+        yield staging
+        if target.exists():
+            shutil.rmtree(target)
+        staging.replace(target)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from audit.environment import module_relpath
 from audit.errors import ConfigError, SourceIntegrityError, SourceUnavailable
+from audit.files import replaced_dir
 
 PEP691_JSON = "application/vnd.pypi.simple.v1+json"
 MARKER = ".fence-audit-complete"
@@ -152,9 +153,7 @@ def _check_digest(path: Path, expected: str, *, source: str) -> None:
 
 def _extract_tests(archive: Path, tree: Path, prefix: str, digest: str) -> None:
     """Extract only ``prefix`` (the sdist's tests/) into ``tree``, atomically."""
-    tree.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=tree.parent, prefix=tree.name + ".part-"))
-    try:
+    with replaced_dir(tree) as staging:
         with tarfile.open(archive, "r:gz") as tar:
             members = []
             for member in tar.getmembers():
@@ -168,12 +167,6 @@ def _extract_tests(archive: Path, tree: Path, prefix: str, digest: str) -> None:
                 )
             tar.extractall(staging, members=members, filter="data")
         (staging / MARKER).write_text(digest + "\n")
-        if tree.exists():
-            shutil.rmtree(tree)
-        staging.replace(tree)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging)
 
 
 def _write_atomic(path: Path, text: str) -> None:
