@@ -4,11 +4,17 @@ Run as ``python -m audit._child SPEC.json`` by :mod:`audit.baseline`, in the
 hermetic environment it prepares. It installs the import overlay and the network
 guard before anything imports vLLM, measures only the target file(s), names each
 test's context by its pytest node id, and writes every test's outcome to JSON.
+
+Then it stays: the session is collected, vLLM imported and every test of the
+suite has run once, which is exactly the warm process the mutant executor needs
+(:mod:`audit._executor`). With coverage stopped, it waits for one command on its
+command pipe: judge mutants from a spec file, or exit.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,7 +22,7 @@ from typing import Any
 import coverage
 import pytest
 
-from audit import hermetic, overlay
+from audit import _executor, hermetic, overlay
 
 FAILURE_LINES = 30
 
@@ -84,6 +90,54 @@ def _first_lines(text: str) -> str:
     return "\n".join(text.splitlines()[-FAILURE_LINES:])
 
 
+class Serve:
+    """A pytest plugin: the baseline run loop, then mutants on request, one session."""
+
+    def __init__(self, spec: dict[str, Any], cov: coverage.Coverage, recorder: Recorder) -> None:
+        self.spec = spec
+        self.cov = cov
+        self.recorder = recorder
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> bool:
+        if not self.recorder.collection_errors:
+            items = session.items
+            for index, item in enumerate(items):
+                nextitem = items[index + 1] if index + 1 < len(items) else None
+                item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+        self.cov.stop()
+        self.cov.save()
+        red = any(t["outcome"] in ("failed", "error") for t in self.recorder.tests.values())
+        if self.recorder.collection_errors:
+            code = int(pytest.ExitCode.INTERRUPTED)
+        elif not self.recorder.collected:
+            code = int(pytest.ExitCode.NO_TESTS_COLLECTED)
+        else:
+            code = int(pytest.ExitCode.TESTS_FAILED if red else pytest.ExitCode.OK)
+        write_outcomes(self.spec, self.recorder, code)
+        _executor.emit({"event": "baseline_done", "exit_code": code})
+        if code != 0:
+            return True
+        with os.fdopen(self.spec["command_fd"], "r") as commands:
+            command = json.loads(commands.readline() or '{"command": "exit"}')
+        if command["command"] == "mutate":
+            # The mutants run with coverage off and outcomes no longer recorded.
+            session.config.pluginmanager.unregister(self.recorder)
+            mutation_spec = json.loads(Path(command["spec"]).read_text())
+            _executor.MutationLoop(mutation_spec).judge_all(session, warm_up=False)
+        return True
+
+
+def write_outcomes(spec: dict[str, Any], recorder: Recorder, exit_code: int) -> None:
+    outcomes = {
+        "exit_code": exit_code,
+        "collected": recorder.collected,
+        "collection_errors": recorder.collection_errors,
+        "tests": recorder.tests,
+    }
+    Path(spec["outcomes"]).write_text(json.dumps(outcomes, indent=1))
+
+
 def main(argv: list[str]) -> int:
     spec = json.loads(Path(argv[0]).read_text())
     if spec["overlay"]:
@@ -99,19 +153,17 @@ def main(argv: list[str]) -> int:
         config_file=False,
     )
     recorder = Recorder(cov)
+    plugins: list[object] = [recorder]
+    if spec.get("command_fd") is not None:
+        plugins.append(Serve(spec, cov, recorder))
     cov.start()
     try:
-        exit_code = int(pytest.main(spec["pytest_args"], plugins=[recorder]))
+        exit_code = int(pytest.main(spec["pytest_args"], plugins=plugins))
     finally:
         cov.stop()
         cov.save()
-    outcomes = {
-        "exit_code": exit_code,
-        "collected": recorder.collected,
-        "collection_errors": recorder.collection_errors,
-        "tests": recorder.tests,
-    }
-    Path(spec["outcomes"]).write_text(json.dumps(outcomes, indent=1))
+    if spec.get("command_fd") is None or not Path(spec["outcomes"]).is_file():
+        write_outcomes(spec, recorder, exit_code)
     return exit_code
 
 

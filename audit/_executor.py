@@ -88,14 +88,22 @@ class MutationLoop:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
+        self.judge_all(session, warm_up=True)
+        return True
+
+    def judge_all(self, session: pytest.Session, *, warm_up: bool) -> None:
+        """The mutant loop over a collected session (warmed up here unless it already is)."""
         items = {item.nodeid: item for item in session.items}
         self.results.mkdir(parents=True, exist_ok=True)
         emit({"event": "collected", "tests": len(items), "threads": _os_threads()})
         missing = sorted({t for m in self.spec["mutants"] for t in m["tests"]} - set(items))
         if missing:
             emit({"event": "missing_tests", "tests": missing[:20], "count": len(missing)})
-            return True
-        self.warm_up(items)
+            return
+        if warm_up:
+            self.warm_up(items)
+        else:
+            emit({"event": "warmed", "tests": 0, "threads": _os_threads()})
         sentinel = self.spec.get("sentinel")
         if sentinel:
             # Prove that a mutant really switches on before trusting any survivor.
@@ -104,9 +112,8 @@ class MutationLoop:
             (self.results / f"{sentinel['key']}.json").unlink()
             emit({"event": "sentinel", "status": verdict["status"], "detail": verdict})
             if verdict["status"] != "killed":
-                return True
+                return
         self.run_pool(items, self.spec["mutants"])
-        return True
 
     def warm_up(self, items: dict[str, pytest.Item]) -> None:
         """Run every covering test once here, so each child starts fully warm.

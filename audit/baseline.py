@@ -13,8 +13,10 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from audit.config import Config, SuitePath
 from audit.errors import BaselineFailed, ConfigError, NoTestsSelected
@@ -23,6 +25,7 @@ from audit.model import BaselineRun, Target, TestOutcome, TestResult
 from audit.sources import TestSource
 
 PYTEST_NO_TESTS_COLLECTED = 5
+PROGRESS = "@@fence-audit "  # how the test process marks its events on stdout
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,8 +77,56 @@ def stage_suite(
     return Suite(source, root, tuple(paths), tuple(str(e) for e in entries))
 
 
-def run_baseline(config: Config, suite: Suite, target: Target, work: Path) -> BaselineRun:
-    """Run the suite once under coverage; raise unless every selected test is green."""
+class WarmSession:
+    """The test process after its baseline: warm, waiting for mutants or for exit.
+
+    It has imported vLLM, collected the suite and run every test once; judging
+    mutants in it saves a second process the import, the collection and the
+    warm-up. Close it when done (or let :func:`run_baseline` do so).
+    """
+
+    def __init__(self, process: subprocess.Popen[str], commands: int, log: Path) -> None:
+        self.process = process
+        self._commands = commands
+        self.log = log
+        self.open = True
+
+    def lines(self) -> Iterator[str]:
+        """The process's output, line by line, until it exits."""
+        assert self.process.stdout is not None
+        # Not ``yield from``: closing this generator early would close the pipe too.
+        for line in self.process.stdout:  # noqa: UP028
+            yield line
+
+    def send(self, command: dict[str, Any]) -> None:
+        self.open = False
+        try:
+            with os.fdopen(self._commands, "w") as channel:
+                channel.write(json.dumps(command) + "\n")
+        except BrokenPipeError:  # the process is gone already; close() collects it
+            pass
+
+    def close(self) -> None:
+        """Tell the process to exit (if no command was sent yet) and wait for it."""
+        if self.open:
+            self.send({"command": "exit"})
+        try:
+            with self.log.open("a") as out:
+                for line in self.lines():
+                    out.write(line)
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def start_baseline(
+    config: Config, suite: Suite, target: Target, work: Path
+) -> tuple[BaselineRun, WarmSession | None]:
+    """Run the suite once under coverage; raise unless every selected test is green.
+
+    On success the test process stays, warm, as a :class:`WarmSession`.
+    """
     logs = config.reports_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
@@ -84,17 +135,17 @@ def run_baseline(config: Config, suite: Suite, target: Target, work: Path) -> Ba
     data_file.unlink(missing_ok=True)
     outcomes_file = work / "baseline-outcomes.json"
     outcomes_file.unlink(missing_ok=True)
-
-    # With a checkout, only the target module is served from it; the rest of vLLM
-    # is the installed package.
-    overlay = {target.module: str(target.path)} if suite.source.checkout else {}
+    read_end, write_end = os.pipe()
 
     spec = {
-        "overlay": overlay,
+        # With a checkout, only the target module is served from it; the rest of
+        # vLLM is the installed package.
+        "overlay": {target.module: str(target.path)} if suite.source.checkout else {},
         "include": [str(target.path)],
         "data_file": str(data_file),
         "outcomes": str(outcomes_file),
         "pytest_args": pytest_args(suite, work),
+        "command_fd": read_end,
     }
     spec_file = work / "baseline-spec.json"
     spec_file.write_text(json.dumps(spec, indent=1))
@@ -103,17 +154,44 @@ def run_baseline(config: Config, suite: Suite, target: Target, work: Path) -> Ba
     started = time.monotonic()
     with log.open("w") as out:
         out.write(f"# vLLM tests: {suite.source.origin}\n# selection: {suite.selection}\n")
-        out.flush()
-        process = subprocess.run(
+        process = subprocess.Popen(
             [sys.executable, "-m", "audit._child", str(spec_file)],
             cwd=suite.root,
             env=child_environment(os.environ, hf_home),
-            stdout=out,
+            stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            check=False,
+            text=True,
+            pass_fds=(read_end,),
         )
+        os.close(read_end)
+        session = WarmSession(process, write_end, log)
+        returncode: int | None = None
+        for line in session.lines():
+            out.write(line)
+            if PROGRESS in line:  # pytest's progress dots may precede it on the line
+                event = json.loads(line.split(PROGRESS, 1)[1])
+                if event.get("event") == "baseline_done":
+                    returncode = int(event["exit_code"])
+                    break
     duration = time.monotonic() - started
-    return _judge(process.returncode, outcomes_file, suite, target, data_file, log, duration)
+    if returncode is None:  # the process ended before the end of its baseline
+        session.open = False
+        os.close(write_end)
+        returncode = process.wait()
+    try:
+        run = _judge(returncode, outcomes_file, suite, target, data_file, log, duration)
+    except BaseException:
+        session.close()
+        raise
+    return run, session
+
+
+def run_baseline(config: Config, suite: Suite, target: Target, work: Path) -> BaselineRun:
+    """The baseline alone: the test process exits when it is done."""
+    run, session = start_baseline(config, suite, target, work)
+    if session is not None:
+        session.close()
+    return run
 
 
 def pytest_args(suite: Suite, work: Path) -> list[str]:

@@ -133,12 +133,17 @@ def run(args: argparse.Namespace) -> ExitCode:
     entries = tuple(parse_suite_path(s) for s in args.suite)
     stage = pipeline.coverage(prepared, entries)
     reports = config.reports_dir
+    if args.command == "coverage":
+        stage.close()
     if args.command == "bench":
         from audit import bench
 
-        result = bench.run_bench(
-            stage, ExecutorOptions(jobs=args.jobs), tuple(args.region), args.sample
-        )
+        try:
+            result = bench.run_bench(
+                stage, ExecutorOptions(jobs=args.jobs), tuple(args.region), args.sample
+            )
+        finally:
+            stage.close()
         bench.write_bench(result, reports / "bench.json")
         print()
         print(bench.format_bench(result))

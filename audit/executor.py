@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from audit.baseline import Suite, pytest_args
+from audit.baseline import Suite, WarmSession, pytest_args
 from audit.config import Config
 from audit.errors import AuditError, ExitCode, MutantsInert
 from audit.hermetic import child_environment, prepare_hf_home
@@ -64,8 +64,14 @@ def judge(
     durations: Mapping[str, float],
     vllm_version: str,
     options: ExecutorOptions,
+    warm: WarmSession | None = None,
 ) -> dict[str, MutantResult]:
-    """A verdict for every mutant: from the cache, or from the warm executor."""
+    """A verdict for every mutant: from the cache, or from the warm executor.
+
+    ``warm`` is the baseline's test process, kept alive: judging in it saves a new
+    process the import, the collection and the warm-up. Without it (or when it is
+    gone) a new executor process is started. ``warm`` is closed either way.
+    """
 
     results_dir = config.cache_dir / "results"
     results_dir.mkdir(parents=True, exist_ok=True)
@@ -104,9 +110,11 @@ def judge(
             }
         )
     if pending:
-        _run_executor(config, suite, target, pending, results_dir, durations, options)
-        for entry in pending:
-            verdicts[entry["id"]] = _load(entry["id"], results_dir / f"{entry['key']}.json")
+        _run_executor(config, suite, target, pending, results_dir, durations, options, warm)
+    elif warm is not None:
+        warm.close()
+    for entry in pending:
+        verdicts[entry["id"]] = _load(entry["id"], results_dir / f"{entry['key']}.json")
     return verdicts
 
 
@@ -191,6 +199,7 @@ def _run_executor(
     results_dir: Path,
     durations: Mapping[str, float],
     options: ExecutorOptions,
+    warm: WarmSession | None = None,
 ) -> None:
     work = config.reports_dir / ".work"
     log = config.reports_dir / "logs" / "mutants.log"
@@ -217,21 +226,25 @@ def _run_executor(
     sentinel: dict[str, Any] | None = None
     missing: dict[str, Any] | None = None
     with log.open("w") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "audit._executor", str(spec_file)],
-            cwd=suite.root,
-            env=child_environment(os.environ, hf_home),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+        if warm is not None and warm.process.poll() is None:
+            warm.send({"command": "mutate", "spec": str(spec_file)})
+            process = warm.process
+        else:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "audit._executor", str(spec_file)],
+                cwd=suite.root,
+                env=child_environment(os.environ, hf_home),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
         assert process.stdout is not None
         try:
             for line in process.stdout:
-                if not line.startswith(PROGRESS):
+                if PROGRESS not in line:
                     out.write(line)
                     continue
-                event = json.loads(line[len(PROGRESS) :])
+                event = json.loads(line.split(PROGRESS, 1)[1])
                 out.write(line)
                 if event["event"] == "judged":
                     progress.update(event["status"])

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from audit import coverage_map, environment, executor, results, sources, stryker
-from audit.baseline import Suite, run_baseline, stage_suite
+from audit.baseline import Suite, WarmSession, stage_suite, start_baseline
 from audit.config import Config, SuitePath
 from audit.environment import Fingerprint
 from audit.executor import ExecutorOptions
@@ -44,6 +44,11 @@ class CoverageStage:
     coverage_map: CoverageMap
     regions: tuple[RegionCoverage, ...]
     after: Fingerprint
+    warm: WarmSession | None  # the baseline's process, kept for the mutants; close it
+
+    def close(self) -> None:
+        if self.warm is not None:
+            self.warm.close()
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,14 +87,19 @@ def coverage(prepared: Prepared, suite_entries: tuple[SuitePath, ...] = ()) -> C
     config = prepared.config
     work = config.reports_dir / ".work"
     suite = stage_suite(config, prepared.source, suite_entries or config.suite, work)
-    run = run_baseline(config, suite, prepared.target, work)
-    after = environment.verify_untouched(prepared.vllm, config.target)
-    cmap = coverage_map.build_coverage_map(run, prepared.vllm.version)
-    regions = coverage_map.region_coverage(run, prepared.regions)
-    coverage_map.write_html(run, config.reports_dir / "coverage")
-    coverage_map.write_coverage_map(cmap, config.reports_dir / "coverage-map.json")
-    coverage_map.write_regions(regions, run, config.reports_dir / "regions.json")
-    return CoverageStage(prepared, suite, run, cmap, regions, after)
+    run, warm = start_baseline(config, suite, prepared.target, work)
+    try:
+        after = environment.verify_untouched(prepared.vllm, config.target)
+        cmap = coverage_map.build_coverage_map(run, prepared.vllm.version)
+        regions = coverage_map.region_coverage(run, prepared.regions)
+        coverage_map.write_html(run, config.reports_dir / "coverage")
+        coverage_map.write_coverage_map(cmap, config.reports_dir / "coverage-map.json")
+        coverage_map.write_regions(regions, run, config.reports_dir / "regions.json")
+    except BaseException:
+        if warm is not None:
+            warm.close()
+        raise
+    return CoverageStage(prepared, suite, run, cmap, regions, after, warm)
 
 
 def mutate(
@@ -99,6 +109,15 @@ def mutate(
     engine: str = "fork",
 ) -> MutationStage:
     """Judge the mutants of every region (or of the regions named in ``only``)."""
+    try:
+        return _mutate(stage, options, only, engine)
+    finally:
+        stage.close()
+
+
+def _mutate(
+    stage: CoverageStage, options: ExecutorOptions, only: tuple[str, ...], engine: str
+) -> MutationStage:
     prepared = stage.prepared
     config = prepared.config
     for name in only:
@@ -108,6 +127,7 @@ def mutate(
     mutant_set = build_mutants(source, str(prepared.target.path), regions, stage.coverage_map.lines)
     started = time.monotonic()
     if engine == "mutmut":
+        stage.close()
         verdicts = executor.judge_with_mutmut(
             config, stage.suite, prepared.target, mutant_set.mutants, options
         )
@@ -121,6 +141,7 @@ def mutate(
             stage.coverage_map.durations,
             prepared.vllm.version,
             options,
+            stage.warm,
         )
     duration = time.monotonic() - started
     after = environment.verify_untouched(prepared.vllm, config.target)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from audit import coverage_map, executor
-from audit.baseline import run_baseline, stage_suite
+from audit.baseline import stage_suite, start_baseline
 from audit.config import Config, RegionSpec, Selection, StatementSelector, SuitePath, load_config
 from audit.environment import sha256_file
 from audit.errors import ExitCode, MutantsInert
@@ -44,13 +44,16 @@ class Toy:
             offline_models=(),
         )
 
-    def judge(self, tests: str = "tests/test_fence.py", options=FAST):  # type: ignore[no-untyped-def]
+    def judge(self, tests: str = "tests/test_fence.py", options=FAST, warm=False):  # type: ignore[no-untyped-def]
         target = Target("toypkg.fence", self.path, self.path, sha256_file(self.path))
         source = TestSource(root=self.root, origin="toy")
         suite = stage_suite(
             self.config, source, (SuitePath("vllm", tests),), self.config.reports_dir / ".work"
         )
-        run = run_baseline(self.config, suite, target, self.config.reports_dir / ".work")
+        run, session = start_baseline(self.config, suite, target, self.config.reports_dir / ".work")
+        if not warm and session is not None:
+            session.close()
+            session = None
         cmap = coverage_map.build_coverage_map(run, "toy")
         text = self.path.read_text()
         regions = resolve_regions(text, REGIONS, filename=str(self.path))
@@ -64,6 +67,7 @@ class Toy:
             cmap.durations,
             "toy",
             options,
+            session,
         )
         return mutant_set, verdicts
 
@@ -97,6 +101,15 @@ def test_each_mutant_gets_the_verdict_its_tests_deserve(toy: Toy) -> None:
     # `steps = 0` -> `steps = 1` still counts to 3: the test is too weak to notice.
     weak = next(m for m in mutant_set.mutants if "+        steps = 1" in m.diff)
     assert verdicts[weak.id].status is MutantStatus.SURVIVED
+
+
+def test_judging_in_the_warm_baseline_process_gives_the_same_verdicts(toy: Toy) -> None:
+    _, cold = toy.judge(options=dataclasses.replace(FAST, use_cache=False))
+    _, warm = toy.judge(options=dataclasses.replace(FAST, use_cache=False), warm=True)
+    assert {k: v.status for k, v in warm.items()} == {k: v.status for k, v in cold.items()}
+    assert not any(v.cached for v in warm.values())
+    log = (toy.config.reports_dir / "logs" / "mutants.log").read_text()
+    assert '"event": "warmed", "tests": 0' in log  # no second warm-up: the baseline was it
 
 
 def test_the_audited_file_is_never_written(toy: Toy) -> None:
