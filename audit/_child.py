@@ -123,6 +123,9 @@ class Serve:
         if command["command"] == "mutate":
             # The mutants run with coverage off and outcomes no longer recorded.
             session.config.pluginmanager.unregister(self.recorder)
+            # Native tracebacks, as a new executor process would use: pytest's long
+            # style costs ~0.5 s per killed mutant.
+            session.config.option.tbstyle = "native"
             mutation_spec = json.loads(Path(command["spec"]).read_text())
             _executor.MutationLoop(mutation_spec).judge_all(session, warm_up=False)
         return True
