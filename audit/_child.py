@@ -97,6 +97,7 @@ class Serve:
         self.spec = spec
         self.cov = cov
         self.recorder = recorder
+        self.saved = False  # the coverage data, once the baseline is done
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
@@ -107,6 +108,7 @@ class Serve:
                 item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
         self.cov.stop()
         self.cov.save()
+        self.saved = True
         red = any(t["outcome"] in ("failed", "error") for t in self.recorder.tests.values())
         if self.recorder.collection_errors:
             code = int(pytest.ExitCode.INTERRUPTED)
@@ -156,15 +158,15 @@ def main(argv: list[str]) -> int:
         config_file=False,
     )
     recorder = Recorder(cov)
-    plugins: list[object] = [recorder]
-    if spec.get("command_fd") is not None:
-        plugins.append(Serve(spec, cov, recorder))
+    serve = Serve(spec, cov, recorder) if spec.get("command_fd") is not None else None
     cov.start()
     try:
+        plugins = [recorder] if serve is None else [recorder, serve]
         exit_code = int(pytest.main(spec["pytest_args"], plugins=plugins))
     finally:
-        cov.stop()
-        cov.save()
+        if serve is None or not serve.saved:
+            cov.stop()
+            cov.save()
     if spec.get("command_fd") is None or not Path(spec["outcomes"]).is_file():
         write_outcomes(spec, recorder, exit_code)
     return exit_code

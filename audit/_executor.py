@@ -114,6 +114,9 @@ class MutationLoop:
             if verdict["status"] != "killed":
                 return
         self.run_pool(items, self.spec["mutants"])
+        # Every verdict is written: what is left (pytest's session teardown, the
+        # interpreter's exit) is of no use, and the caller may kill us now.
+        emit({"event": "done"})
 
     def warm_up(self, items: dict[str, pytest.Item]) -> None:
         """Run every covering test once here, so each child starts fully warm.
@@ -198,8 +201,16 @@ class MutationLoop:
                     "duration_s": round(duration, 3),
                 },
             )
-        verdict = json.loads(result_file.read_text())["status"]
-        emit({"event": "judged", "id": mutant["id"], "status": verdict})
+        verdict = json.loads(result_file.read_text())
+        emit(
+            {
+                "event": "judged",
+                "id": mutant["id"],
+                "status": verdict["status"],
+                "child_s": verdict.get("duration_s"),  # inside the child
+                "wall_s": round(duration, 3),  # fork to reaped, as the parent saw it
+            }
+        )
 
     def child(self, items: dict[str, pytest.Item], mutant: dict[str, Any]) -> None:
         code = 0

@@ -254,6 +254,10 @@ def _run_executor(
                     sentinel = event
                 elif event["event"] == "missing_tests":
                     missing = event
+                elif event["event"] == "done":
+                    break
+            if process.poll() is None:
+                process.kill()  # only pytest's teardown was left
             returncode = process.wait()
         finally:
             if process.poll() is None:
