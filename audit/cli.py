@@ -168,11 +168,13 @@ def run(args: argparse.Namespace) -> ExitCode:
 
 def report_mutation(stage: pipeline.MutationStage) -> ExitCode:
     reports = stage.coverage.prepared.config.reports_dir
-    counts = Counter(v.cached for v in stage.verdicts.values())
+    run = [v for v in stage.verdicts.values() if v.status != "no_tests"]
+    counts = Counter(v.cached for v in run)
     print(
         f"fence-audit: {len(stage.mutants.mutants)} in-region mutants "
-        f"({len(stage.mutants.out_of_region)} outside every region, not run); "
-        f"judged {counts[False]}, from cache {counts[True]}, in {stage.duration_s:.1f}s"
+        f"({len(stage.mutants.out_of_region)} outside every region, not run; "
+        f"{len(stage.verdicts) - len(run)} reached by no test); judged {counts[False]}, "
+        f"from cache {counts[True]}, in {stage.duration_s:.1f}s"
     )
     print(f"fence-audit: installed {stage.after.path.name} unchanged (sha256 {stage.after.sha256})")
     survivors = [m for m in stage.mutants.mutants if stage.verdicts[m.id].status == "survived"]

@@ -19,7 +19,7 @@ from audit import environment
 from audit.config import default_cache_dir
 
 TARGET = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler"
-REGION = "removal"  # the smallest region: enough to exercise the engine end to end
+REGION = "population"  # big enough that fixed costs do not swamp the timing checks
 
 
 def installed_sha() -> str:
