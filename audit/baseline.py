@@ -149,20 +149,11 @@ def start_baseline(
     }
     spec_file = work / "baseline-spec.json"
     spec_file.write_text(json.dumps(spec, indent=1))
-    hf_home = prepare_hf_home(config.cache_dir, config.offline_models)
 
     started = time.monotonic()
     with log.open("w") as out:
         out.write(f"# vLLM tests: {suite.source.origin}\n# selection: {suite.selection}\n")
-        process = subprocess.Popen(
-            [sys.executable, "-m", "audit._child", str(spec_file)],
-            cwd=suite.root,
-            env=child_environment(os.environ, hf_home),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            pass_fds=(read_end,),
-        )
+        process = spawn(config, suite, "audit._child", spec_file, pass_fds=(read_end,))
         os.close(read_end)
         session = WarmSession(process, write_end, log)
         returncode: int | None = None
@@ -192,6 +183,23 @@ def run_baseline(config: Config, suite: Suite, target: Target, work: Path) -> Ba
     if session is not None:
         session.close()
     return run
+
+
+def spawn(
+    config: Config, suite: Suite, module: str, spec_file: Path, pass_fds: tuple[int, ...] = ()
+) -> subprocess.Popen[str]:
+    """Start a test process (``python -m MODULE SPEC``): hermetic, in the suite root,
+    its output (stderr included) on a text pipe."""
+    hf_home = prepare_hf_home(config.cache_dir, config.offline_models)
+    return subprocess.Popen(
+        [sys.executable, "-m", module, str(spec_file)],
+        cwd=suite.root,
+        env=child_environment(os.environ, hf_home),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        pass_fds=pass_fds,
+    )
 
 
 def pytest_args(suite: Suite, work: Path) -> list[str]:

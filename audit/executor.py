@@ -12,8 +12,6 @@ import ast
 import hashlib
 import json
 import os
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -21,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from audit.baseline import Suite, WarmSession, pytest_args
+from audit.baseline import Suite, WarmSession, pytest_args, spawn
 from audit.config import Config
 from audit.errors import AuditError, ExitCode, MutantsInert
 from audit.hermetic import child_environment, prepare_hf_home
@@ -221,7 +219,6 @@ def _run_executor(
     }
     spec_file = work / "executor-spec.json"
     spec_file.write_text(json.dumps(spec))
-    hf_home = prepare_hf_home(config.cache_dir, config.offline_models)
     progress = ProgressBar(len(pending))
     sentinel: dict[str, Any] | None = None
     missing: dict[str, Any] | None = None
@@ -230,14 +227,7 @@ def _run_executor(
             warm.send({"command": "mutate", "spec": str(spec_file)})
             process = warm.process
         else:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "audit._executor", str(spec_file)],
-                cwd=suite.root,
-                env=child_environment(os.environ, hf_home),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
+            process = spawn(config, suite, "audit._executor", spec_file)
         assert process.stdout is not None
         try:
             for line in process.stdout:
