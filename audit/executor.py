@@ -79,13 +79,11 @@ def judge(
     hasher = TestHasher(suite.root)
     verdicts: dict[str, MutantResult] = {}
     pending: list[dict[str, Any]] = []
-    keys: dict[str, str] = {}
     for mutant in mutants:
         if not mutant.covered_by:
             verdicts[mutant.id] = MutantResult(mutant.id, MutantStatus.NO_TESTS)
             continue
         key = cache_key(vllm_version, function_hashes[mutant.function], mutant, hasher)
-        keys[mutant.id] = key
         cached = results_dir / f"{key}.json"
         if options.use_cache and cached.is_file():
             verdicts[mutant.id] = _load(mutant.id, cached, cached=True)

@@ -30,8 +30,6 @@ from mutmut.mutation.pragma_handling import IgnoredCode, PragmaVisitor
 
 from audit.model import LineEdit
 
-MUTMUT_RANGE = ">=3.8,<3.9"
-
 
 @dataclass(frozen=True, slots=True)
 class Mutation:
