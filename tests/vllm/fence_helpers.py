@@ -40,6 +40,9 @@ def private_cache(tmp_path: Path) -> Path:
     from audit.config import load_config
 
     shared = load_config().cache_dir
+    if not (shared / "tests" / "vllm-0.33.0").is_dir():  # a fresh machine: fetch it once
+        fetched = fence_audit("fetch", cwd=Path.cwd())
+        assert fetched.returncode == 0, fetched.stderr
     cache = tmp_path / "cache"
     shutil.copytree(shared / "tests" / "vllm-0.33.0", cache / "tests" / "vllm-0.33.0")
     (cache / "sdist").mkdir(parents=True)
