@@ -31,9 +31,8 @@ import pytest
 from _pytest.runner import runtestprotocol
 
 from audit import hermetic, overlay
-from audit.model import LineEdit, apply_edits
+from audit.model import PROGRESS, LineEdit, apply_edits
 
-PROGRESS = "@@fence-audit "
 FAILURE_LINES = 15
 
 

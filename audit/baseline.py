@@ -21,11 +21,10 @@ from typing import Any
 from audit.config import Config, SuitePath
 from audit.errors import BaselineFailed, ConfigError, NoTestsSelected
 from audit.hermetic import child_environment, prepare_hf_home
-from audit.model import BaselineRun, Target, TestOutcome, TestResult
+from audit.model import PROGRESS, BaselineRun, Target, TestOutcome, TestResult
 from audit.sources import TestSource
 
 PYTEST_NO_TESTS_COLLECTED = 5
-PROGRESS = "@@fence-audit "  # how the test process marks its events on stdout
 
 
 @dataclass(frozen=True, slots=True)

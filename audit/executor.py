@@ -23,12 +23,11 @@ from audit.baseline import Suite, WarmSession, pytest_args, spawn
 from audit.config import Config
 from audit.errors import AuditError, ExitCode, MutantsInert
 from audit.hermetic import child_environment, prepare_hf_home
-from audit.model import LineEdit, Mutant, MutantResult, MutantStatus, Target
+from audit.model import PROGRESS, LineEdit, Mutant, MutantResult, MutantStatus, Target
 from audit.progress import ProgressBar
 from audit.regions import find_function
 
 ENGINE_VERSION = 1  # bump when a verdict's meaning changes: old cache entries then miss
-PROGRESS = "@@fence-audit "
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,12 @@ from typing import Any
 
 def write_json(path: Path, document: Any) -> None:
     """Write ``document`` as JSON: the old file or the new one, never half of one."""
-    text = json.dumps(document, indent=1, ensure_ascii=False) + "\n"  # fails before any write
+    # Serialised first: an unserialisable document fails before anything is written.
+    write_text(path, json.dumps(document, indent=1, ensure_ascii=False) + "\n")
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write ``text``: the old file or the new one, never half of one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:

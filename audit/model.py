@@ -14,6 +14,9 @@ from pathlib import Path
 COVERAGE_MAP_FORMAT = 1
 REGIONS_FORMAT = 1
 
+# How a test process marks its events (JSON) in its stdout, among pytest's own output.
+PROGRESS = "@@fence-audit "
+
 
 class TestOutcome(StrEnum):
     __test__ = False  # not a pytest test class

@@ -235,10 +235,8 @@ def stage_project(
         real = installed_package.parent.joinpath(*parts[:depth])
         (package / "__init__.py").write_text(_SHADOW_INIT.format(real=str(real)))
     project.joinpath(*parts[:-1], parts[-1] + ".py").write_text(source)
-    (project / "tests").mkdir()
-    for child in (tests_root / "tests").iterdir():
-        if child.name not in ("conftest.py", "__pycache__"):
-            (project / "tests" / child.name).symlink_to(child)
+    # The suite root's tests/ already leaves vLLM's root conftest.py out.
+    (project / "tests").symlink_to(tests_root / "tests")
     relpath = "/".join(parts) + ".py"
     (project / "pyproject.toml").write_text(
         "[tool.mutmut]\n"

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from audit.environment import module_relpath
 from audit.errors import ConfigError, SourceIntegrityError, SourceUnavailable
-from audit.files import replaced_dir
+from audit.files import replaced_dir, write_text
 
 PEP691_JSON = "application/vnd.pypi.simple.v1+json"
 MARKER = ".fence-audit-complete"
@@ -76,7 +76,7 @@ def sdist_tests(version: str, *, index_url: str, cache_dir: Path) -> TestSource:
     else:
         url, digest = _find_on_index(index_url, filename, cache_dir)
         _download(url, archive, digest)
-        _write_atomic(digest_file, digest + "\n")
+        write_text(digest_file, digest + "\n")
     _extract_tests(archive, tree, f"vllm-{version}/tests/", digest)
     return TestSource(root=tree, origin=f"sdist {filename} (sha256 {digest[:12]})")
 
@@ -167,10 +167,3 @@ def _extract_tests(archive: Path, tree: Path, prefix: str, digest: str) -> None:
                 )
             tar.extractall(staging, members=members, filter="data")
         (staging / MARKER).write_text(digest + "\n")
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
