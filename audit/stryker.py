@@ -25,7 +25,7 @@ from audit.errors import TargetModified
 from audit.files import write_json
 
 STRYKER_SCHEMA_VERSION = "2"
-AUDIT_FORMATS = frozenset({1})  # the audit.json formats this module reads
+AUDIT_FORMATS = frozenset({2})  # the audit.json formats this module reads
 THRESHOLDS = {"high": 80, "low": 60}  # Stryker's own defaults
 STATUSES = {
     "killed": "Killed",

@@ -32,3 +32,16 @@ def fake_index() -> Iterator[Callable[[str], FakeIndex]]:
     yield start
     for index in started:
         index.close()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--bless",
+        action="store_true",
+        help="rewrite the golden report files from the current renderers (then review the diff)",
+    )
+
+
+@pytest.fixture
+def bless(request: pytest.FixtureRequest) -> bool:
+    return bool(request.config.getoption("--bless"))

@@ -102,7 +102,7 @@ def audit(tmp_path: Path) -> dict[str, Any]:
         ),
     ]
     return {
-        "format": 1,
+        "format": 2,
         "tool": {"name": "fence-audit", "version": "0.1.0.dev0"},
         "vllm_version": "0.33.0",
         "target": {

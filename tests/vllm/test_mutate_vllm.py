@@ -55,7 +55,7 @@ def first_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Res
 def test_every_in_region_mutant_is_judged(first_run) -> None:  # type: ignore[no-untyped-def]
     _, _, result, audit = first_run
     assert result.returncode == 0, result.stderr
-    assert audit["format"] == 1
+    assert audit["format"] == 2
     assert audit["vllm_version"] == "0.33.0"
     mutants = audit["mutants"]
     assert mutants

@@ -1,0 +1,120 @@
+"""The gate: does a saved run meet the thresholds? Reads only the results file.
+
+Each check compares a percentage with its threshold the way coverage.py's
+``should_fail_under`` does: thresholds lie in 0-100, a score is rounded to two
+decimals before it is compared, and 100 means exactly 100. A run fails with
+``SCORE_BELOW_THRESHOLD`` (2); when every failing check would pass if the timeouts
+had been killed, with ``TIMEOUTS_ONLY`` (3), so CI can tell a slow mutant from a
+weak test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from audit.config import GateThresholds
+from audit.errors import ConfigError, ExitCode
+from audit.report_model import AuditResults
+from audit.results import Tally
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    name: str  # "score", "score of flush", "line coverage of flush"
+    value: float | None  # the measured percentage; None: nothing to measure
+    threshold: float
+    detail: str  # the numbers behind the value, e.g. "154 killed of 169"
+    passed: bool
+    passed_without_timeouts: bool  # would pass if every timeout had been killed
+
+    def render(self) -> str:
+        shown = "n/a" if self.value is None else f"{self.value:.2f}%"
+        verdict = "ok" if self.passed else "FAILED"
+        return f"{self.name}: {shown} ({self.detail}), required {self.threshold:g}%: {verdict}"
+
+
+@dataclass(frozen=True, slots=True)
+class GateResult:
+    checks: tuple[Check, ...]
+    not_run: tuple[str, ...] = ()  # regions with a threshold but not in this run
+
+    @property
+    def exit_code(self) -> ExitCode:
+        failed = [c for c in self.checks if not c.passed]
+        if not failed:
+            return ExitCode.OK
+        if all(c.passed_without_timeouts for c in failed):
+            return ExitCode.TIMEOUTS_ONLY
+        return ExitCode.SCORE_BELOW_THRESHOLD
+
+    def render(self) -> str:
+        lines = [f"fence-audit: gate: {check.render()}" for check in self.checks]
+        lines += [
+            f"fence-audit: gate: score of {name}: not checked (the run left the region out)"
+            for name in self.not_run
+        ]
+        return "\n".join(lines)
+
+
+def evaluate(
+    results: AuditResults, thresholds: GateThresholds, regions: Iterable[str] = ()
+) -> GateResult:
+    """Check ``results``; ``regions`` are the configured region names (a threshold
+    naming none of them, nor a region of the results, is a typo: a ConfigError)."""
+    present = {region.name for region in results.regions}
+    known = present | set(regions)
+    unknown = sorted(name for name, _ in thresholds.regions if name not in known)
+    if unknown:
+        raise ConfigError(
+            f"the gate names region {unknown[0]!r}, which is neither configured nor in the results",
+            details={
+                "results": str(results.path),
+                "regions": ", ".join(sorted(known)) or "none",
+                "next": "fix [tool.fence-audit.gate.regions] or --fail-under-region",
+            },
+        )
+    not_run = tuple(name for name, _ in thresholds.regions if name not in present)
+    checks = []
+    if thresholds.fail_under > 0:
+        checks.append(_score_check("score", results.overall, thresholds.fail_under))
+    for name, threshold in thresholds.regions:
+        if threshold > 0 and name in present:
+            tally = results.region(name).tally
+            checks.append(_score_check(f"score of {name}", tally, threshold))
+    if thresholds.min_line_coverage > 0:
+        for region in results.regions:
+            percent = region.lines.percent
+            passed = percent is None or _at_least(percent, thresholds.min_line_coverage)
+            checks.append(
+                Check(
+                    name=f"line coverage of {region.name}",
+                    value=percent,
+                    threshold=thresholds.min_line_coverage,
+                    detail=f"{region.lines.covered} of {region.lines.total} lines",
+                    passed=passed,
+                    passed_without_timeouts=passed,
+                )
+            )
+    return GateResult(tuple(checks), not_run)
+
+
+def _score_check(name: str, tally: Tally, threshold: float) -> Check:
+    score = tally.score
+    detail = f"{tally.killed} killed of {tally.judged} judged"
+    if tally.timeout:
+        detail += f", {tally.timeout} timed out"
+    # Nothing judged is no evidence: it fails any threshold above 0.
+    passed = score is not None and _at_least(score, threshold)
+    if tally.judged:
+        optimistic = 100.0 * (tally.killed + tally.timeout) / tally.judged
+        passed_without_timeouts = _at_least(optimistic, threshold)
+    else:
+        passed_without_timeouts = False
+    return Check(name, score, threshold, detail, passed, passed or passed_without_timeouts)
+
+
+def _at_least(value: float, threshold: float) -> bool:
+    if threshold >= 100:
+        return value >= 100
+    return round(value, 2) >= threshold

@@ -1,0 +1,401 @@
+"""The HTML report: ``index.html`` and one source page per region, self-contained.
+
+No script, no stylesheet or font from elsewhere: the pages open from an unzipped CI
+artifact with no network. Expanding a mutant is a ``<details>`` element. Every
+piece of text that comes from the run (test ids, failure messages, source lines,
+diffs) goes through :func:`html.escape`: it is shown as text, never read as markup.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from html import escape
+
+from audit import __version__
+from audit.model import MutantStatus
+from audit.report_model import (
+    STATUS_ORDER,
+    AuditResults,
+    MutantRecord,
+    RegionResult,
+    SourceFunction,
+    SourceLine,
+)
+from audit.results import Tally
+
+STATUS_COLOURS = {
+    MutantStatus.KILLED: "#2e7d32",
+    MutantStatus.SURVIVED: "#c62828",
+    MutantStatus.TIMEOUT: "#ef6c00",
+    MutantStatus.NO_TESTS: "#9e9e9e",
+    MutantStatus.ERROR: "#6a1b9a",
+}
+STATUS_LABELS = {
+    MutantStatus.KILLED: "killed",
+    MutantStatus.SURVIVED: "survived",
+    MutantStatus.TIMEOUT: "timeout",
+    MutantStatus.NO_TESTS: "no tests",
+    MutantStatus.ERROR: "error",
+}
+
+CSS = """
+body{font:14px/1.45 system-ui,sans-serif;margin:0 auto;max-width:1200px;color:#222;
+  padding:0 1.5em 3em}
+h1{font-size:1.6em;margin:.8em 0 .2em}h2{margin-top:1.6em;border-bottom:1px solid #ddd}
+.meta{color:#555;margin:.2em 0}.meta code{font-size:.95em}
+table{border-collapse:collapse;margin:.5em 0}
+th,td{padding:.25em .6em;text-align:left;vertical-align:top}
+thead th{border-bottom:2px solid #bbb}tbody tr{border-bottom:1px solid #eee}
+td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
+#score{font-size:3em;font-weight:700;margin:.1em 0}
+.status{font-weight:600;padding:0 .35em;border-radius:3px;color:#fff;white-space:nowrap}
+.s-killed{background:#2e7d32}.s-survived{background:#c62828}.s-timeout{background:#ef6c00}
+.s-no_tests{background:#9e9e9e}.s-error{background:#6a1b9a}
+.flag{color:#b71c1c;font-weight:600}
+pre{margin:.3em 0;padding:.5em;background:#f6f8fa;overflow-x:auto;font-size:12.5px}
+code,pre,.src{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
+table.source{width:100%;font-size:12.5px}table.source td{padding:0 .5em}
+table.source tr{border:0}.src{white-space:pre}
+td.ln{color:#888;text-align:right;user-select:none;width:3.5em}
+td.cov{width:.4em;padding:0}td.tests{color:#888;text-align:right;width:3em}
+tr.covered td.cov{background:#66bb6a}tr.partly td.cov{background:#ffca28}
+tr.missed td.cov{background:#ef5350}tr.missed td.src{background:#fdecea}
+tr.partly td.src{background:#fff8e1}tr.outside{opacity:.45}
+tr.mutants td{padding:.2em .5em .4em 4.5em}
+details.mutant{margin:.15em 0;border-left:4px solid #ccc;padding-left:.5em}
+details.mutant.killed{border-color:#2e7d32}details.mutant.survived{border-color:#c62828}
+details.mutant.timeout{border-color:#ef6c00}details.mutant.error{border-color:#6a1b9a}
+details.mutant>summary{cursor:pointer}details.mutant dl{margin:.3em 0}
+dt{font-weight:600;margin-top:.3em}dd{margin-left:1em}
+.legend span{margin-right:1em}td code{word-break:break-all}
+.legend i{display:inline-block;width:.9em;height:.9em;margin-right:.3em;vertical-align:-.1em}
+"""
+
+
+def render_index(results: AuditResults) -> str:
+    """``index.html``: scores, coverage, the status picture, survivors first."""
+    overall = results.overall
+    survivors = results.survivors()
+    parts = [
+        _head(f"fence-audit: {_percent(overall)} — vLLM {results.vllm_version}"),
+        "<h1>fence-audit report</h1>",
+        _meta(results),
+        '<section id="summary"><h2>Score</h2>',
+        f'<p id="score">{_percent(overall)}</p>',
+        f"<p>{_denominator(overall)}. {results.out_of_region} mutants outside every region "
+        "were not run.</p>",
+        _status_picture(results.regions),
+        "</section>",
+        '<section id="regions"><h2>Regions</h2>',
+        _region_table(results.regions),
+        "</section>",
+        f'<section id="survivors"><h2>Survivors ({len(survivors)})</h2>',
+        _mutant_table(survivors, empty="No mutant survived.")
+        if survivors
+        else "<p>No mutant survived.</p>",
+        "</section>",
+    ]
+    catalogue = [m for m in results.mutants if m.origin == "catalogue"]
+    if catalogue:
+        parts += [
+            f'<section id="catalogue"><h2>Catalogue entries ({len(catalogue)})</h2>',
+            _catalogue_table(catalogue),
+            "</section>",
+        ]
+    others = [m for m in results.mutants if m.status is not MutantStatus.SURVIVED]
+    parts += [
+        f'<section id="mutants"><h2>Other mutants ({len(others)})</h2>',
+        _mutant_table(_by_status(others), empty="None."),
+        "</section>",
+        _footer(results),
+    ]
+    return "\n".join(parts)
+
+
+def render_region(results: AuditResults, region: RegionResult) -> str:
+    """``regions/NAME.html``: the region's functions, line by line, mutants inline."""
+    mutants = results.mutants_of(region.name)
+    by_line: dict[int, list[MutantRecord]] = {}
+    for mutant in mutants:
+        by_line.setdefault(mutant.line, []).append(mutant)
+    functions = [f for f in results.functions if region.name in f.regions]
+    parts = [
+        _head(f"fence-audit: region {region.name} — vLLM {results.vllm_version}", depth=1),
+        '<p><a href="../index.html">← all regions</a></p>',
+        f"<h1>Region {escape(region.name)}</h1>",
+        f'<p class="meta">{escape(region.description)}</p>',
+        f'<p class="meta">Score <strong>{_percent(region.tally)}</strong>: '
+        f"{_denominator(region.tally)}. Lines {_fraction(region.lines)}, branches "
+        f"{_fraction(region.branches)} covered by the baseline.</p>",
+        '<p class="legend"><span><i style="background:#66bb6a"></i>covered</span>'
+        '<span><i style="background:#ffca28"></i>partly (a branch never taken)</span>'
+        '<span><i style="background:#ef5350"></i>missed</span>'
+        "<span>dimmed: outside this region</span><span>right column: covering tests</span></p>",
+    ]
+    for function in functions:
+        parts.append(_source_table(function, region.name, by_line))
+    placed = {line for f in functions for line in range(f.start, f.end + 1)}
+    stray = [m for m in mutants if m.line not in placed]
+    if stray:  # not expected: every mutant lies in a region function; never hide one
+        parts.append("<h2>Mutants outside the functions shown</h2>")
+        parts.extend(_mutant_details(m, ()) for m in stray)
+    parts.append(_footer(results))
+    return "\n".join(parts)
+
+
+def region_file(name: str) -> str:
+    return f"regions/{name}.html"
+
+
+# --- pieces ----------------------------------------------------------------------
+
+
+def _head(title: str, depth: int = 0) -> str:
+    del depth  # every page is self-contained: nothing to link relative to the root
+    return (
+        '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        f"<title>{escape(title)}</title>\n<style>{CSS}</style>\n</head>\n<body>"
+    )
+
+
+def _footer(results: AuditResults) -> str:
+    return (
+        f'<footer><p class="meta">Results written by fence-audit '
+        f"{escape(results.tool_version)}; report rendered by fence-audit {escape(__version__)}."
+        "</p></footer>\n</body>\n</html>\n"
+    )
+
+
+def _meta(results: AuditResults) -> str:
+    suites = ", ".join(f"<code>{escape(p)}</code>" for p in results.suite_paths) or "none"
+    return (
+        f'<p class="meta">vLLM <strong>{escape(results.vllm_version)}</strong>, target '
+        f"<code>{escape(results.target_module)}</code> (sha256 "
+        f"<code>{escape(results.target_sha256[:16])}…</code>)</p>\n"
+        f'<p class="meta">Suites: {suites}; tests from {escape(results.suite_origin)}</p>\n'
+        f'<p class="meta">Run {escape(results.started_at)}, mutant phase '
+        f"{results.duration_s:.1f} s ({_cached(results)}), engine {escape(results.engine)}, "
+        f"fence-audit {escape(results.tool_version)}</p>"
+    )
+
+
+def _cached(results: AuditResults) -> str:
+    cached = sum(m.cached for m in results.mutants)
+    return f"{len(results.mutants) - cached} mutants judged in this run, {cached} from the cache"
+
+
+def _percent(tally: Tally) -> str:
+    return "n/a" if tally.score is None else f"{tally.score:.1f}%"
+
+
+def _denominator(tally: Tally) -> str:
+    return (
+        f"{tally.killed} killed of {tally.judged} judged (killed + survived + timeout: "
+        f"{tally.killed} + {tally.survived} + {tally.timeout}); counted apart: "
+        f"{tally.no_tests} with no covering test, {tally.error} errors"
+    )
+
+
+def _fraction(fraction: object) -> str:
+    covered, total = getattr(fraction, "covered", 0), getattr(fraction, "total", 0)
+    percent = getattr(fraction, "percent", None)
+    shown = "n/a" if percent is None else f"{percent:.0f}%"
+    return f"{covered}/{total} ({shown})"
+
+
+def _region_table(regions: Iterable[RegionResult]) -> str:
+    rows = []
+    for region in regions:
+        t = region.tally
+        rows.append(
+            "<tr>"
+            f'<td><a href="{escape(region_file(region.name))}">{escape(region.name)}</a></td>'
+            f'<td class="num"><strong>{_percent(t)}</strong></td>'
+            f'<td class="num">{t.killed}</td><td class="num">{t.survived}</td>'
+            f'<td class="num">{t.timeout}</td><td class="num">{t.judged}</td>'
+            f'<td class="num">{t.no_tests}</td><td class="num">{t.error}</td>'
+            f'<td class="num">{_fraction(region.lines)}</td>'
+            f'<td class="num">{_fraction(region.branches)}</td>'
+            f"<td>{escape(region.description)}</td></tr>"
+        )
+    return (
+        "<table><thead><tr><th>region</th><th class=num>score</th><th class=num>killed</th>"
+        "<th class=num>survived</th><th class=num>timeout</th><th class=num>judged</th>"
+        "<th class=num>no tests</th><th class=num>errors</th><th class=num>lines</th>"
+        "<th class=num>branches</th><th>what it is</th></tr></thead><tbody>"
+        + "".join(rows)
+        + "</tbody></table>"
+    )
+
+
+def _status_picture(regions: tuple[RegionResult, ...]) -> str:
+    """One stacked bar per region: its mutants by status, as inline SVG."""
+    label_w, bar_w, row_h = 130, 520, 26
+    height = row_h * len(regions) + 30
+    out = [
+        f'<figure id="picture"><svg role="img" aria-label="mutants by status per region" '
+        f'xmlns="http://www.w3.org/2000/svg" width="{label_w + bar_w + 90}" height="{height}">'
+    ]
+    for row, region in enumerate(regions):
+        y = row * row_h + 4
+        counts = {s: getattr(region.tally, s.value) for s in STATUS_ORDER}
+        total = sum(counts.values())
+        out.append(f'<text x="0" y="{y + 15}" font-size="13">{escape(region.name)}</text>')
+        x = float(label_w)
+        for status in reversed(STATUS_ORDER):  # killed first, from the left
+            count = counts[status]
+            if not count:
+                continue
+            width = bar_w * count / total
+            out.append(
+                f'<rect x="{x:.1f}" y="{y}" width="{width:.1f}" height="{row_h - 8}" '
+                f'fill="{STATUS_COLOURS[status]}"><title>{escape(region.name)}: {count} '
+                f"{STATUS_LABELS[status]}</title></rect>"
+            )
+            x += width
+        out.append(
+            f'<text x="{label_w + bar_w + 8}" y="{y + 15}" font-size="12">{total} mutants</text>'
+        )
+    legend_y = row_h * len(regions) + 20
+    x = label_w
+    for status in reversed(STATUS_ORDER):
+        out.append(
+            f'<rect x="{x}" y="{legend_y - 10}" width="10" height="10" '
+            f'fill="{STATUS_COLOURS[status]}"/><text x="{x + 14}" y="{legend_y}" '
+            f'font-size="12">{STATUS_LABELS[status]}</text>'
+        )
+        x += 90
+    out.append("</svg></figure>")
+    return "".join(out)
+
+
+def _by_status(mutants: Iterable[MutantRecord]) -> list[MutantRecord]:
+    order = {status: i for i, status in enumerate(STATUS_ORDER)}
+    return sorted(mutants, key=lambda m: (order[m.status], m.region, m.line, m.id))
+
+
+def _status(status: MutantStatus) -> str:
+    return f'<span class="status s-{status.value}">{STATUS_LABELS[status]}</span>'
+
+
+def _link(mutant: MutantRecord) -> str:
+    href = f"{region_file(mutant.region)}#{mutant.anchor}"
+    return f'<a href="{escape(href)}"><code>{escape(mutant.id)}</code></a>'
+
+
+def _mutant_table(mutants: Iterable[MutantRecord], *, empty: str) -> str:
+    rows = [
+        f"<tr><td>{_status(m.status)}</td><td>{_link(m)}</td><td>{escape(m.region)}</td>"
+        f'<td class="num">{m.line}</td><td>{escape(m.label)}</td>'
+        f"<td><code>{escape(_short(m.killed_by))}</code></td></tr>"
+        for m in mutants
+    ]
+    if not rows:
+        return f"<p>{escape(empty)}</p>"
+    return (
+        "<table><thead><tr><th>status</th><th>mutant</th><th>region</th><th class=num>line</th>"
+        "<th>operator or title</th><th>killed by</th></tr></thead><tbody>"
+        + "".join(rows)
+        + "</tbody></table>"
+    )
+
+
+def _catalogue_table(mutants: Iterable[MutantRecord]) -> str:
+    rows = []
+    for m in mutants:
+        verdict = escape(m.verdict)
+        if m.verdict and m.verdict != "as expected":
+            verdict = f'<span class="flag">{verdict}</span>'
+        rows.append(
+            f"<tr><td>{_status(m.status)}</td><td>{_link(m)}</td><td>{escape(m.title)}</td>"
+            f"<td>{escape(m.invariant)}</td><td>{escape(m.expected)}</td>"
+            f"<td><code>{escape(_short(m.killed_by))}</code></td><td>{verdict}</td></tr>"
+        )
+    return (
+        "<table><thead><tr><th>status</th><th>entry</th><th>title</th><th>invariant</th>"
+        "<th>expected killer</th><th>killed by</th><th>outcome</th></tr></thead><tbody>"
+        + "".join(rows)
+        + "</tbody></table>"
+    )
+
+
+def _source_table(
+    function: SourceFunction, region: str, by_line: dict[int, list[MutantRecord]]
+) -> str:
+    rows = [f"<h2><code>{escape(function.name)}</code></h2>", '<table class="source"><tbody>']
+    for line in function.lines:
+        rows.append(_source_row(line, region))
+        mutants = by_line.get(line.number, [])
+        if mutants:
+            details = "".join(_mutant_details(m, line.tests) for m in mutants)
+            rows.append(f'<tr class="mutants"><td colspan="4">{details}</td></tr>')
+    rows.append("</tbody></table>")
+    return "\n".join(rows)
+
+
+def _source_row(line: SourceLine, region: str) -> str:
+    classes = [line.coverage or "none"]
+    if line.region != region:
+        classes.append("outside")
+    tests = str(len(line.tests)) if line.tests else ""
+    return (
+        f'<tr class="{" ".join(classes)}" id="L{line.number}">'
+        f'<td class="ln">{line.number}</td><td class="cov"></td>'
+        f'<td class="src">{escape(line.text)}</td><td class="tests">{tests}</td></tr>'
+    )
+
+
+def _mutant_details(mutant: MutantRecord, line_tests: tuple[str, ...]) -> str:
+    facts = [
+        ("status", _status(mutant.status)),
+        ("id", f"<code>{escape(mutant.id)}</code>"),
+        ("origin", escape(mutant.origin)),
+    ]
+    if mutant.origin == "catalogue":
+        facts += [
+            ("title", escape(mutant.title)),
+            ("invariant", escape(mutant.invariant)),
+            ("expected killer", escape(mutant.expected)),
+            ("outcome against expectation", escape(mutant.verdict)),
+        ]
+    else:
+        facts.append(("operator", escape(mutant.operator)))
+    if mutant.killed_by:
+        facts.append(("killed by", f"<code>{escape(mutant.killed_by)}</code>"))
+    if mutant.failure:
+        facts.append(("failure (first lines)", f"<pre>{escape(mutant.failure)}</pre>"))
+    facts.append(
+        (
+            "tests run",
+            f"{mutant.tests_run} of {len(mutant.covered_by)} covering, {mutant.duration_s:.2f} s",
+        )
+    )
+    facts.append(("diff", f"<pre>{escape(mutant.diff)}</pre>"))
+    tests = line_tests or mutant.covered_by
+    facts.append(("tests that cover the line", _test_list(tests)))
+    body = "".join(f"<dt>{name}</dt><dd>{value}</dd>" for name, value in facts)
+    return (
+        f'<details class="mutant {mutant.status.value}" id="{escape(mutant.anchor)}">'
+        f"<summary>{_status(mutant.status)} <code>{escape(mutant.label)}</code> "
+        f"{escape(mutant.id)}</summary><dl>{body}</dl></details>"
+    )
+
+
+def _test_list(tests: Iterable[str]) -> str:
+    """Test ids grouped by test function, parametrisations counted."""
+    tests = tuple(tests)
+    if not tests:
+        return "none"
+    groups = Counter(t.split("[", 1)[0] for t in tests)
+    items = "".join(
+        f"<li><code>{escape(name)}</code>{f' &times;{count}' if count > 1 else ''}</li>"
+        for name, count in sorted(groups.items())
+    )
+    return f"<details><summary>{len(tests)} tests</summary><ul>{items}</ul></details>"
+
+
+def _short(test_id: str) -> str:
+    """A test id without its file path (the table has no room for it)."""
+    return test_id.split("::", 1)[1] if "::" in test_id else test_id

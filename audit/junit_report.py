@@ -1,0 +1,73 @@
+"""``junit.xml``: one test case per mutant, so any CI interface lists the survivors.
+
+A killed mutant passes; a survivor or a timeout is a failure (the fence suite did
+not catch it); a mutant that could not be judged is an error; one that no test
+covers is skipped. One ``<testsuite>`` per region.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+from audit.model import MutantStatus
+from audit.report_model import AuditResults, MutantRecord
+
+
+def render_junit(results: AuditResults) -> str:
+    root = ET.Element("testsuites", name="fence-audit")
+    totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    for region in results.regions:
+        mutants = results.mutants_of(region.name)
+        suite = ET.SubElement(root, "testsuite", name=f"fence-audit.{region.name}")
+        counts = {"tests": len(mutants), "failures": 0, "errors": 0, "skipped": 0}
+        time_s = 0.0
+        for mutant in mutants:
+            kind = _case(suite, mutant)
+            if kind:
+                counts[kind] += 1
+            time_s += mutant.duration_s
+        for key, value in counts.items():
+            suite.set(key, str(value))
+            totals[key] += value
+        suite.set("time", f"{time_s:.3f}")
+    for key, value in totals.items():
+        root.set(key, str(value))
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def _case(suite: ET.Element, mutant: MutantRecord) -> str:
+    """Add the mutant's test case; return the JUnit count it adds to ("" for a pass)."""
+    case = ET.SubElement(
+        suite,
+        "testcase",
+        classname=f"fence-audit.{mutant.region}.{mutant.function}",
+        name=mutant.id,
+        line=str(mutant.line),
+        time=f"{mutant.duration_s:.3f}",
+    )
+    label = mutant.title or mutant.operator
+    if mutant.status is MutantStatus.KILLED:
+        ET.SubElement(case, "system-out").text = f"killed by {mutant.killed_by}\n"
+        return ""
+    if mutant.status is MutantStatus.SURVIVED:
+        failure = ET.SubElement(
+            case,
+            "failure",
+            message=f"mutant survived: {label} at line {mutant.line}; no test failed",
+            type="survived",
+        )
+        failure.text = mutant.diff
+        return "failures"
+    if mutant.status is MutantStatus.TIMEOUT:
+        failure = ET.SubElement(
+            case, "failure", message=f"mutant timed out: {mutant.failure}", type="timeout"
+        )
+        failure.text = mutant.diff
+        return "failures"
+    if mutant.status is MutantStatus.ERROR:
+        error = ET.SubElement(case, "error", message="mutant could not be judged", type="error")
+        error.text = mutant.failure
+        return "errors"
+    ET.SubElement(case, "skipped", message="no test of the suite runs the mutated lines")
+    return "skipped"

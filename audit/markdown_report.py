@@ -1,0 +1,140 @@
+"""``summary.md``: the score table and the survivors, for a PR comment or a CI step summary.
+
+With an older results file (``--compare``) it also shows the change of score per
+region and every mutant whose status changed, appeared or disappeared.
+"""
+
+from __future__ import annotations
+
+from audit.report_model import AuditResults, MutantRecord
+from audit.results import Tally
+
+# GitHub folds a step summary above 1 MiB; long diffs are cut well below that.
+DIFF_LINES = 40
+
+
+def render_summary(results: AuditResults, previous: AuditResults | None = None) -> str:
+    overall = results.overall
+    lines = [
+        f"## fence-audit: {_percent(overall)} of fence mutants killed "
+        f"(vLLM {results.vllm_version})",
+        "",
+        f"{overall.killed} killed of {overall.judged} judged (killed + survived + timeout); "
+        f"{overall.no_tests} with no covering test and {overall.error} errors counted apart. "
+        f"Suites: {', '.join(f'`{p}`' for p in results.suite_paths) or 'none'}.",
+        "",
+        _score_table(results, previous),
+        "",
+    ]
+    if previous is not None:
+        lines += _changes(results, previous)
+    survivors = results.survivors()
+    lines.append(f"### Survivors ({len(survivors)})")
+    lines.append("")
+    if not survivors:
+        lines += ["No mutant survived.", ""]
+    for mutant in survivors:
+        lines += _survivor(mutant)
+    flagged = [m for m in results.mutants if m.verdict and m.verdict != "as expected"]
+    if flagged:
+        lines += [f"### Catalogue entries against expectation ({len(flagged)})", ""]
+        lines += [
+            f"- `{m.id}` {_cell(m.title)}: expected {_cell(m.expected)}, {m.status.value}"
+            f"{f' by `{m.killed_by}`' if m.killed_by else ''} ({_cell(m.verdict)})"
+            for m in flagged
+        ]
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _percent(tally: Tally) -> str:
+    return "n/a" if tally.score is None else f"{tally.score:.1f}%"
+
+
+def _score_table(results: AuditResults, previous: AuditResults | None) -> str:
+    header = (
+        "| region | score | killed | survived | timeout | no tests | errors | lines | branches |"
+    )
+    rule = "|---|--:|--:|--:|--:|--:|--:|--:|--:|"
+    if previous is not None:
+        header += " change |"
+        rule += "--:|"
+    rows = [header, rule]
+    old = {r.name: r.tally for r in previous.regions} if previous else {}
+    entries = [(r.name, r.tally, r.lines, r.branches) for r in results.regions]
+    for name, tally, lines, branches in entries:
+        row = (
+            f"| {name} | {_percent(tally)} | {tally.killed} | {tally.survived} | {tally.timeout} "
+            f"| {tally.no_tests} | {tally.error} | {lines.covered}/{lines.total} "
+            f"| {branches.covered}/{branches.total} |"
+        )
+        if previous is not None:
+            row += f" {_delta(old.get(name), tally)} |"
+        rows.append(row)
+    overall = results.overall
+    row = (
+        f"| **all** | **{_percent(overall)}** | {overall.killed} | {overall.survived} "
+        f"| {overall.timeout} | {overall.no_tests} | {overall.error} | | |"
+    )
+    if previous is not None:
+        row += f" {_delta(previous.overall, overall)} |"
+    rows.append(row)
+    return "\n".join(rows)
+
+
+def _delta(old: Tally | None, new: Tally) -> str:
+    if old is None:
+        return "new"
+    if old.score is None or new.score is None:
+        return "n/a"
+    change = new.score - old.score
+    return "±0.0" if abs(change) < 0.05 else f"{change:+.1f}"
+
+
+def _changes(results: AuditResults, previous: AuditResults) -> list[str]:
+    old = {m.id: m for m in previous.mutants}
+    new = {m.id: m for m in results.mutants}
+    changed = [
+        (
+            mutant_id,
+            old[mutant_id].status.value if mutant_id in old else "(absent)",
+            new[mutant_id].status.value if mutant_id in new else "(absent)",
+        )
+        for mutant_id in sorted(old.keys() | new.keys())
+        if mutant_id not in old
+        or mutant_id not in new
+        or old[mutant_id].status != new[mutant_id].status
+    ]
+    lines = [f"### Status changes since the previous run ({len(changed)})", ""]
+    if not changed:
+        return [*lines, "None.", ""]
+    lines += ["| mutant | before | now |", "|---|---|---|"]
+    lines += [f"| `{mutant_id}` | {before} | {now} |" for mutant_id, before, now in changed]
+    return [*lines, ""]
+
+
+def _survivor(mutant: MutantRecord) -> list[str]:
+    diff = mutant.diff.splitlines()
+    if len(diff) > DIFF_LINES:
+        diff = [*diff[:DIFF_LINES], f"... ({len(diff) - DIFF_LINES} more lines in audit.json)"]
+    fence = "````" if any(line.startswith("```") for line in diff) else "```"
+    label = f" {_cell(mutant.title)}" if mutant.title else f" ({mutant.operator})"
+    return [
+        "<details>",
+        f"<summary><code>{_html(mutant.id)}</code>{_html(label)}: {mutant.region}, "
+        f"line {mutant.line}, {len(mutant.covered_by)} covering tests</summary>",
+        "",
+        f"{fence}diff",
+        *diff,
+        fence,
+        "</details>",
+        "",
+    ]
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _html(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

@@ -1,0 +1,186 @@
+"""The reports, rendered from a fixed hand-written results file.
+
+Golden files hold the expected HTML, Markdown and JUnit. On a mismatch the actual
+output is saved beside the test's temporary folder and its path printed; after a
+deliberate change, re-bless with ``nox -s tests -- tests/unit/test_reports.py --bless``
+and review the diff of ``tests/unit/golden/``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from audit import __version__
+from audit.errors import ConfigError
+from audit.html_report import render_index, render_region
+from audit.junit_report import render_junit
+from audit.markdown_report import render_summary
+from audit.report_model import AuditResults, load_results
+from audit.reports import write_reports
+
+DATA = Path(__file__).parent / "data" / "results.json"
+GOLDEN = Path(__file__).parent / "golden"
+
+
+@pytest.fixture
+def results() -> AuditResults:
+    return load_results(DATA)
+
+
+def scrub(text: str) -> str:
+    """Volatile values out: the version of the fence-audit that renders."""
+    return text.replace(f"fence-audit {__version__}", "fence-audit VERSION")
+
+
+def check_golden(name: str, actual: str, bless: bool, tmp_path: Path) -> None:
+    gold = GOLDEN / name
+    actual = scrub(actual)
+    if bless:
+        gold.write_text(actual)
+        return
+    if not gold.is_file() or gold.read_text() != actual:
+        saved = tmp_path / "actual" / name
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        saved.write_text(actual)
+        pytest.fail(f"{name} differs from {gold}; actual output saved in {saved} (--bless)")
+
+
+def test_index_html_matches_golden(results: AuditResults, bless: bool, tmp_path: Path) -> None:
+    check_golden("index.html", render_index(results), bless, tmp_path)
+
+
+def test_region_page_matches_golden(results: AuditResults, bless: bool, tmp_path: Path) -> None:
+    page = render_region(results, results.region("removal"))
+    check_golden("region-removal.html", page, bless, tmp_path)
+
+
+def test_summary_matches_golden(results: AuditResults, bless: bool, tmp_path: Path) -> None:
+    check_golden("summary.md", render_summary(results), bless, tmp_path)
+
+
+def test_summary_with_compare_matches_golden(
+    results: AuditResults, bless: bool, tmp_path: Path
+) -> None:
+    check_golden("summary-compare.md", render_summary(results, older(tmp_path)), bless, tmp_path)
+
+
+def test_junit_matches_golden(results: AuditResults, bless: bool, tmp_path: Path) -> None:
+    check_golden("junit.xml", render_junit(results), bless, tmp_path)
+
+
+def older(tmp_path: Path) -> AuditResults:
+    """The fixture as an earlier run: one survivor was killed, one mutant is new since."""
+    document = json.loads(DATA.read_text())
+    document["mutants"] = [m for m in document["mutants"] if m["id"] != "catalogue:removal-early"]
+    document["mutants"][1].update(status="killed", killed_by="tests/test_fence.py::test_remove")
+    document["regions"]["population"].update(killed=3, survived=0, score=100.0)
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(document))
+    return load_results(path)
+
+
+def test_compare_lists_changed_new_and_score_change(results: AuditResults, tmp_path: Path) -> None:
+    summary = render_summary(results, older(tmp_path))
+    assert "| `Fence.register:swap_op@3:29-3:36#1` | killed | survived |" in summary
+    assert "| `catalogue:removal-early` | (absent) | survived |" in summary
+    assert "| population | 66.7% | 2 | 1 | 0 | 0 | 0 | 4/4 | 2/2 | -33.3 |" in summary
+
+
+def test_untrusted_text_is_shown_as_text_never_markup(results: AuditResults) -> None:
+    pages = render_index(results) + "".join(render_region(results, r) for r in results.regions)
+    assert "<script>" not in pages
+    assert "&lt;/pre&gt;&lt;script&gt;alert(1)&lt;/script&gt;" in pages
+    assert "<b>not bold</b>" not in pages
+    assert "if block &lt; 0 and job &amp; 1:" in pages
+    assert "test_register[a&lt;b]" in pages
+    assert "&lt;set()&gt;" in pages  # a failure message
+
+
+def test_junit_lists_each_mutant_and_survivors_as_failures(results: AuditResults) -> None:
+    root = ET.fromstring(render_junit(results))
+    cases = root.findall(".//testcase")
+    assert len(cases) == len(results.mutants)
+    failed = {c.get("name") for c in cases if c.find("failure") is not None}
+    assert failed == {m.id for m in results.mutants if m.status.value in ("survived", "timeout")}
+    assert root.get("failures") == "3"
+    assert root.get("errors") == "1"
+    assert root.get("skipped") == "1"
+
+
+def test_index_shows_score_with_its_denominator(results: AuditResults) -> None:
+    page = render_index(results)
+    assert '<p id="score">50.0%</p>' in page
+    assert "3 killed of 6 judged (killed + survived + timeout: 3 + 2 + 1)" in page
+    assert "1 with no covering test, 1 errors" in page
+    # survivors come before every other mutant
+    assert page.index('id="survivors"') < page.index('id="mutants"')
+
+
+def test_every_mutant_link_points_at_an_anchor_on_its_region_page(
+    results: AuditResults, tmp_path: Path
+) -> None:
+    written = write_reports(results, tmp_path)
+    index = written.index.read_text()
+    links = re.findall(r'href="(regions/[^"#]+)#([^"]+)"', index)
+    assert len(links) == len(results.mutants) + len(
+        [m for m in results.mutants if m.origin == "catalogue"]
+    )
+    for page, anchor in links:
+        assert f'id="{anchor}"' in (tmp_path / page).read_text()
+
+
+def test_a_damaged_results_file_leaves_earlier_reports_untouched(
+    results: AuditResults, tmp_path: Path
+) -> None:
+    write_reports(results, tmp_path)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    damaged = tmp_path / "audit.json"
+    damaged.write_text(DATA.read_text()[:500])
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        load_results(damaged)
+    wrong = tmp_path / "old-format.json"
+    wrong.write_text(json.dumps({**json.loads(DATA.read_text()), "format": 1}))
+    with pytest.raises(ConfigError, match="format 1"):
+        load_results(wrong)
+    after = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert {p: b for p, b in after.items() if p not in (damaged, wrong)} == before
+
+
+def test_a_failing_renderer_writes_nothing(
+    results: AuditResults, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import audit.reports
+
+    def broken(*args: object) -> str:
+        raise RuntimeError("renderer bug")
+
+    monkeypatch.setattr(audit.reports, "render_junit", broken)
+    with pytest.raises(RuntimeError):
+        write_reports(results, tmp_path / "out")
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*"))
+
+
+def test_pages_need_no_network(results: AuditResults, tmp_path: Path) -> None:
+    written = write_reports(results, tmp_path)
+    for page in [written.index, *written.regions]:
+        text = page.read_text()
+        assert not re.search(r'(src|href)="(https?:)?//', text), page
+        assert "<script" not in text
+        assert "<link" not in text
+
+
+def test_golden_files_are_current() -> None:
+    """Every golden file belongs to a test above (a stale one would test nothing)."""
+    names = {p.name for p in GOLDEN.iterdir()}
+    assert names == {
+        "index.html",
+        "region-removal.html",
+        "summary.md",
+        "summary-compare.md",
+        "junit.xml",
+    }
