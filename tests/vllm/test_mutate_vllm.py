@@ -72,6 +72,19 @@ def test_every_in_region_mutant_is_judged(first_run) -> None:  # type: ignore[no
     assert audit["out_of_region"]
 
 
+def test_mutate_writes_every_report_and_ends_with_the_gate(first_run) -> None:  # type: ignore[no-untyped-def]
+    _, reports, result, audit = first_run
+    for name in ("index.html", "summary.md", "junit.xml", f"regions/{REGION}.html"):
+        assert (reports / name).stat().st_size > 0, name
+    index = (reports / "index.html").read_text()
+    assert f"{audit['score']['score']:.1f}%" in index
+    last = result.stdout.strip().splitlines()[-1]
+    assert str(reports / "index.html") in last
+    assert "gate" in last
+    page = (reports / "regions" / f"{REGION}.html").read_text()
+    assert page.count('<details class="mutant') == len(audit["mutants"])
+
+
 def test_the_stryker_report_is_valid_under_the_published_schema(first_run) -> None:  # type: ignore[no-untyped-def]
     _, reports, _, audit = first_run
     report = json.loads((reports / "mutation.json").read_text())
