@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from audit import __version__, pipeline
+from audit import __version__, catalogue, environment, pipeline, sources
 from audit.config import Config, GateThresholds, load_config, parse_suite_path, percentage
 from audit.coverage_map import format_table
 from audit.errors import AuditError, ConfigError, ExitCode
@@ -105,6 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gate.add_argument("--results", type=Path, help="default: REPORTS/audit.json")
     add_gate_options(gate)
+    catalogue_cmd = commands.add_parser(
+        "catalogue",
+        parents=[common],
+        help="catalogue of hand-written mutants: `check` validates every entry, runs no test",
+    )
+    catalogue_cmd.add_argument("action", choices=("check",), help="check: apply, compile, compare")
     bench = commands.add_parser(
         "bench",
         parents=[common],
@@ -191,6 +197,8 @@ def run(args: argparse.Namespace) -> ExitCode:
     config = configure(args)
     if args.command in ("report", "gate"):
         return from_results(config, args)
+    if args.command == "catalogue":
+        return check_catalogue(config, args.vllm_src)
     # Every input is checked before the run: a bad one must not cost a baseline.
     gate = thresholds(config, args) if args.command == "mutate" else None
     previous = load_results(args.compare) if getattr(args, "compare", None) else None
@@ -243,6 +251,37 @@ def run(args: argparse.Namespace) -> ExitCode:
     return ExitCode.OK
 
 
+def check_catalogue(config: Config, vllm_src: Path | None) -> ExitCode:
+    """Apply every entry to the audited source: it must apply, compile and change the
+    named function. No test runs, so this is quick enough for a pre-commit check."""
+    entries = pipeline.load_entries(config)
+    if vllm_src is not None:
+        path = sources.checkout_source(vllm_src, config.target).target_file(config.target)
+        assert path is not None
+    else:
+        path = environment.installed_file(
+            environment.installed_vllm(config.vllm_version), config.target
+        )
+    source = path.read_text(encoding="utf-8")
+    print(f"fence-audit: catalogue {config.catalogue_dir}: {len(entries)} entries; target {path}")
+    stale = 0
+    width = max((len(e.id) for e in entries), default=0)
+    for entry in entries:
+        outcome = catalogue.apply_entry(entry, source, str(path))
+        if isinstance(outcome, catalogue.Stale):
+            stale += 1
+            print(f"  STALE  {entry.id:<{width}}  {outcome.reason}")
+        else:
+            print(f"  ok     {entry.id:<{width}}  {entry.region}, line {outcome.line}")
+    if not entries:
+        print("fence-audit: the catalogue is empty")
+    if stale:
+        print(f"fence-audit: {stale} of {len(entries)} entries are STALE; update their anchors")
+        return ExitCode.CATALOGUE_STALE
+    print(f"fence-audit: all {len(entries)} entries apply, compile and change their function")
+    return ExitCode.OK
+
+
 def from_results(config: Config, args: argparse.Namespace) -> ExitCode:
     """``report`` and ``gate``: they read a saved audit.json and run nothing."""
     path = (args.results or config.reports_dir / "audit.json").resolve()
@@ -290,15 +329,18 @@ def report_mutation(stage: pipeline.MutationStage) -> None:
     run = [v for v in stage.verdicts.values() if v.status != "no_tests"]
     counts = Counter(v.cached for v in run)
     print(
-        f"fence-audit: {len(stage.mutants.mutants)} in-region mutants "
-        f"({len(stage.mutants.out_of_region)} outside every region, not run; "
+        f"fence-audit: {len(stage.mutant_set.mutants)} in-region mutmut mutants and "
+        f"{len(stage.catalogue.mutants)} catalogue entries "
+        f"({len(stage.mutant_set.out_of_region)} mutmut mutants outside every region, not run; "
         f"{len(stage.verdicts) - len(run)} reached by no test); judged {counts[False]}, "
         f"from cache {counts[True]}, in {stage.duration_s:.1f}s"
     )
     print(f"fence-audit: installed {stage.after.path.name} unchanged (sha256 {stage.after.sha256})")
-    survivors = [m for m in stage.mutants.mutants if stage.verdicts[m.id].status == "survived"]
+    survivors = [m for m in stage.mutants if stage.verdicts[m.id].status == "survived"]
     for mutant in survivors:
         print(f"  survived: {mutant.id}  ({mutant.region}, line {mutant.line})")
+    for stale in stage.catalogue.stale:
+        print(f"  STALE: catalogue:{stale.entry.id}  {stale.reason}")
     print()
     print(format_scores(stage.tallies, stage.overall))
     print(f"\nfence-audit: results in {reports / 'audit.json'}")

@@ -83,6 +83,7 @@ class Config:
     offline_models: tuple[str, ...]
     regions: tuple[RegionSpec, ...]
     gate: GateThresholds = GateThresholds()
+    catalogue_dir: Path | None = None  # hand-written mutants, one TOML file each
 
     def region(self, name: str) -> RegionSpec:
         for region in self.regions:
@@ -103,6 +104,7 @@ _TOP_KEYS = {
     "suite",
     "regions",
     "gate",
+    "catalogue",
 }
 _SUITE_KEYS = {"paths", "offline-models"}
 _GATE_KEYS = {"fail-under", "regions", "min-line-coverage"}
@@ -180,7 +182,15 @@ def parse_config(table: dict[str, Any], *, source: str, project_dir: Path) -> Co
         offline_models=_strings(suite_table, "offline-models", source),
         regions=parse_regions(table.get("regions", {}), source),
         gate=parse_gate(table.get("gate", {}), source),
+        catalogue_dir=_path(table.get("catalogue"), "catalogue", source, project_dir),
     )
+
+
+def _path(value: Any, key: str, source: str, project_dir: Path) -> Path | None:
+    if value is None:
+        return None
+    path = Path(_expect(value, str, key, source))
+    return path if path.is_absolute() else project_dir / path
 
 
 def parse_gate(table: Any, source: str) -> GateThresholds:

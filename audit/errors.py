@@ -25,6 +25,7 @@ class ExitCode(IntEnum):
     SOURCE_INTEGRITY = 9  # a download does not match the index's sha256
     TARGET_MODIFIED = 10  # the installed vLLM file changed during the run
     MUTANTS_INERT = 11  # the forced-fail check: a mutant did not switch on
+    CATALOGUE_STALE = 12  # `catalogue check`: an entry no longer applies to the source
     INTERNAL = 70  # a bug in fence-audit
 
 

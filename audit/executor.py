@@ -26,8 +26,9 @@ from audit.hermetic import child_environment, prepare_hf_home
 from audit.model import PROGRESS, LineEdit, Mutant, MutantResult, MutantStatus, Target
 from audit.progress import ProgressBar
 from audit.regions import find_function
+from audit.results import is_project_test
 
-ENGINE_VERSION = 1  # bump when a verdict's meaning changes: old cache entries then miss
+ENGINE_VERSION = 2  # bump when a verdict's meaning changes: old cache entries then miss
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +89,11 @@ def judge(
             verdicts[mutant.id] = _load(mutant.id, cached, cached=True)
             continue
         cached.unlink(missing_ok=True)
-        tests = sorted(mutant.covered_by, key=lambda t: (durations.get(t, 0.0), t))
+        # vLLM's own tests first, fastest first: a kill by this project's suite then
+        # means that no test of vLLM's killed it (the report's "vLLM alone" score).
+        tests = sorted(
+            mutant.covered_by, key=lambda t: (is_project_test(t), durations.get(t, 0.0), t)
+        )
         budgets = {t: options.test_budget(durations.get(t, 0.0)) for t in tests}
         pending.append(
             {

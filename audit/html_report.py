@@ -51,7 +51,7 @@ td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
 #score{font-size:3em;font-weight:700;margin:.1em 0}
 .status{font-weight:600;padding:0 .35em;border-radius:3px;color:#fff;white-space:nowrap}
 .s-killed{background:#2e7d32}.s-survived{background:#c62828}.s-timeout{background:#ef6c00}
-.s-no_tests{background:#9e9e9e}.s-error{background:#6a1b9a}
+.s-no_tests{background:#9e9e9e}.s-error{background:#6a1b9a}.s-stale{background:#455a64}
 .flag{color:#b71c1c;font-weight:600}
 pre{margin:.3em 0;padding:.5em;background:#f6f8fa;overflow-x:auto;font-size:12.5px}
 code,pre,.src{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
@@ -96,11 +96,14 @@ def render_index(results: AuditResults) -> str:
         else "<p>No mutant survived.</p>",
         "</section>",
     ]
-    catalogue = [m for m in results.mutants if m.origin == "catalogue"]
-    if catalogue:
+    if results.catalogue:
+        stale = len(results.stale())
         parts += [
-            f'<section id="catalogue"><h2>Catalogue entries ({len(catalogue)})</h2>',
-            _catalogue_table(catalogue),
+            f'<section id="catalogue"><h2>Catalogue entries ({len(results.catalogue)}'
+            f"{f', {stale} stale' if stale else ''})</h2>",
+            "<p>Hand-written fence bugs (<code>mutants/catalogue/</code>): the suite expected "
+            "to kill each, and what did.</p>",
+            _catalogue_table(results),
             "</section>",
         ]
     others = [m for m in results.mutants if m.status is not MutantStatus.SURVIVED]
@@ -181,6 +184,10 @@ def _meta(results: AuditResults) -> str:
     )
 
 
+def _plain(percent: float | None) -> str:
+    return "n/a" if percent is None else f"{percent:.1f}%"
+
+
 def _cached(results: AuditResults) -> str:
     cached = sum(m.cached for m in results.mutants)
     return f"{len(results.mutants) - cached} mutants judged in this run, {cached} from the cache"
@@ -213,6 +220,7 @@ def _region_table(regions: Iterable[RegionResult]) -> str:
             "<tr>"
             f'<td><a href="{escape(region_file(region.name))}">{escape(region.name)}</a></td>'
             f'<td class="num"><strong>{_percent(t)}</strong></td>'
+            f'<td class="num">{_plain(region.vllm_score)}</td>'
             f'<td class="num">{t.killed}</td><td class="num">{t.survived}</td>'
             f'<td class="num">{t.timeout}</td><td class="num">{t.judged}</td>'
             f'<td class="num">{t.no_tests}</td><td class="num">{t.error}</td>'
@@ -221,7 +229,9 @@ def _region_table(regions: Iterable[RegionResult]) -> str:
             f"<td>{escape(region.description)}</td></tr>"
         )
     return (
-        "<table><thead><tr><th>region</th><th class=num>score</th><th class=num>killed</th>"
+        "<table><thead><tr><th>region</th><th class=num>score</th>"
+        '<th class=num title="killed by a test of vLLM\'s own suite">vLLM alone</th>'
+        "<th class=num>killed</th>"
         "<th class=num>survived</th><th class=num>timeout</th><th class=num>judged</th>"
         "<th class=num>no tests</th><th class=num>errors</th><th class=num>lines</th>"
         "<th class=num>branches</th><th>what it is</th></tr></thead><tbody>"
@@ -302,9 +312,20 @@ def _mutant_table(mutants: Iterable[MutantRecord], *, empty: str) -> str:
     )
 
 
-def _catalogue_table(mutants: Iterable[MutantRecord]) -> str:
+def _catalogue_table(results: AuditResults) -> str:
+    by_id = {m.id: m for m in results.mutants}
     rows = []
-    for m in mutants:
+    for entry in results.catalogue:
+        m = by_id.get(entry.id)
+        if entry.stale or m is None:
+            reason = escape(entry.reason or "not applied")
+            rows.append(
+                f'<tr><td><span class="status s-stale">stale</span></td>'
+                f"<td><code>{escape(entry.id)}</code></td><td>{escape(entry.title)}</td>"
+                f"<td>{escape(entry.invariant)}</td><td>{escape(entry.expected)}</td><td></td>"
+                f'<td><span class="flag">STALE: {reason}</span></td></tr>'
+            )
+            continue
         verdict = escape(m.verdict)
         if m.verdict and m.verdict != "as expected":
             verdict = f'<span class="flag">{verdict}</span>'
@@ -357,9 +378,13 @@ def _mutant_details(mutant: MutantRecord, line_tests: tuple[str, ...]) -> str:
         facts += [
             ("title", escape(mutant.title)),
             ("invariant", escape(mutant.invariant)),
+            ("the bug", escape(mutant.bug)),
+            ("symptom", escape(mutant.symptom)),
             ("expected killer", escape(mutant.expected)),
             ("outcome against expectation", escape(mutant.verdict)),
         ]
+        if mutant.history:
+            facts.append(("history", escape(mutant.history)))
     else:
         facts.append(("operator", escape(mutant.operator)))
     if mutant.killed_by:

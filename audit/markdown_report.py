@@ -35,6 +35,11 @@ def render_summary(results: AuditResults, previous: AuditResults | None = None) 
         lines += ["No mutant survived.", ""]
     for mutant in survivors:
         lines += _survivor(mutant)
+    stale = results.stale()
+    if stale:
+        lines += [f"### Stale catalogue entries ({len(stale)})", ""]
+        lines += [f"- `{c.id}` ({c.file}): {_cell(c.reason)}" for c in stale]
+        lines.append("")
     flagged = [m for m in results.mutants if m.verdict and m.verdict != "as expected"]
     if flagged:
         lines += [f"### Catalogue entries against expectation ({len(flagged)})", ""]
@@ -53,18 +58,20 @@ def _percent(tally: Tally) -> str:
 
 def _score_table(results: AuditResults, previous: AuditResults | None) -> str:
     header = (
-        "| region | score | killed | survived | timeout | no tests | errors | lines | branches |"
+        "| region | score | vLLM alone | killed | survived | timeout | no tests | errors "
+        "| lines | branches |"
     )
-    rule = "|---|--:|--:|--:|--:|--:|--:|--:|--:|"
+    rule = "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
     if previous is not None:
         header += " change |"
         rule += "--:|"
     rows = [header, rule]
     old = {r.name: r.tally for r in previous.regions} if previous else {}
-    entries = [(r.name, r.tally, r.lines, r.branches) for r in results.regions]
-    for name, tally, lines, branches in entries:
+    entries = [(r.name, r.tally, r.lines, r.branches, r.vllm_score) for r in results.regions]
+    for name, tally, lines, branches, alone in entries:
         row = (
-            f"| {name} | {_percent(tally)} | {tally.killed} | {tally.survived} | {tally.timeout} "
+            f"| {name} | {_percent(tally)} | {_plain(alone)} | {tally.killed} | {tally.survived} "
+            f"| {tally.timeout} "
             f"| {tally.no_tests} | {tally.error} | {lines.covered}/{lines.total} "
             f"| {branches.covered}/{branches.total} |"
         )
@@ -72,14 +79,20 @@ def _score_table(results: AuditResults, previous: AuditResults | None) -> str:
             row += f" {_delta(old.get(name), tally)} |"
         rows.append(row)
     overall = results.overall
+    alone = 100.0 * results.overall_killed_by_vllm / overall.judged if overall.judged else None
     row = (
-        f"| **all** | **{_percent(overall)}** | {overall.killed} | {overall.survived} "
+        f"| **all** | **{_percent(overall)}** | {_plain(alone)} | {overall.killed} "
+        f"| {overall.survived} "
         f"| {overall.timeout} | {overall.no_tests} | {overall.error} | | |"
     )
     if previous is not None:
         row += f" {_delta(previous.overall, overall)} |"
     rows.append(row)
     return "\n".join(rows)
+
+
+def _plain(percent: float | None) -> str:
+    return "n/a" if percent is None else f"{percent:.1f}%"
 
 
 def _delta(old: Tally | None, new: Tally) -> str:

@@ -49,7 +49,7 @@ def build_mutants(
 ) -> MutantSet:
     functions = sorted({f for region in regions for f in region.functions})
     region_of_line = {line: region.name for region in regions for line in region.lines}
-    statement_of_line = _statement_starts(source, filename)
+    statement_of_line = statement_starts(source, filename)
     original = source.splitlines(keepends=True)
 
     mutants: list[Mutant] = []
@@ -110,7 +110,7 @@ def unified_diff(original: list[str], mutated: list[str], filename: str) -> str:
     return "".join(difflib.unified_diff(original, mutated, f"a/{name}", f"b/{name}", n=2))
 
 
-def _statement_starts(source: str, filename: str) -> dict[int, int]:
+def statement_starts(source: str, filename: str) -> dict[int, int]:
     """Each line of a multi-line statement -> the line coverage.py records it on."""
     parser = PythonParser(text=source, filename=filename)
     parser.parse_source()

@@ -13,13 +13,23 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from audit import coverage_map, environment, executor, results, sources, stryker
+from audit import catalogue, coverage_map, environment, executor, results, sources, stryker
 from audit.baseline import Suite, WarmSession, stage_suite, start_baseline
+from audit.catalogue import Entry
 from audit.config import Config, SuitePath
 from audit.environment import Fingerprint
+from audit.errors import ConfigError
 from audit.executor import ExecutorOptions
-from audit.model import BaselineRun, CoverageMap, MutantResult, RegionCoverage, Target
-from audit.mutants import MutantSet, build_mutants
+from audit.model import (
+    BaselineRun,
+    CoverageMap,
+    Mutant,
+    MutantResult,
+    MutantStatus,
+    RegionCoverage,
+    Target,
+)
+from audit.mutants import MutantSet, build_mutants, function_hashes
 from audit.regions import Region, resolve_regions
 from audit.results import Tally
 from audit.sources import TestSource
@@ -35,6 +45,7 @@ class Prepared:
     target: Target
     regions: tuple[Region, ...]
     before: Fingerprint
+    catalogue: tuple[Entry, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +66,9 @@ class CoverageStage:
 @dataclass(frozen=True, slots=True)
 class MutationStage:
     coverage: CoverageStage
-    mutants: MutantSet
+    mutant_set: MutantSet  # mutmut's
+    catalogue: catalogue.CatalogueMutants
+    mutants: tuple[Mutant, ...]  # all judged: mutmut's in-region ones, then the catalogue's
     verdicts: dict[str, MutantResult]
     tallies: dict[str, Tally]
     overall: Tally
@@ -81,7 +94,24 @@ def prepare(config: Config, *, vllm_src: Path | None = None) -> Prepared:
         sha256=environment.sha256_file(path),
     )
     regions = resolve_regions(text, config.regions, filename=str(path))
-    return Prepared(config, vllm, source, target, regions, before)
+    return Prepared(config, vllm, source, target, regions, before, load_entries(config))
+
+
+def load_entries(config: Config) -> tuple[Entry, ...]:
+    """The catalogue, checked before anything runs: a broken entry costs no baseline."""
+    folder = config.catalogue_dir
+    if folder is None or not folder.is_dir():
+        return ()
+    entries = catalogue.load_catalogue(folder)
+    names = {region.name for region in config.regions}
+    for entry in entries:
+        if entry.region not in names:
+            raise ConfigError(
+                f"catalogue entry {entry.id!r} names region {entry.region!r}, which is not "
+                "configured",
+                details={"file": str(entry.path), "regions": ", ".join(sorted(names))},
+            )
+    return entries
 
 
 def coverage(prepared: Prepared, suite_entries: tuple[SuitePath, ...] = ()) -> CoverageStage:
@@ -126,6 +156,11 @@ def _mutate(
     regions = tuple(r for r in prepared.regions if not only or r.name in only)
     source = prepared.target.path.read_text(encoding="utf-8")
     mutant_set = build_mutants(source, str(prepared.target.path), regions, stage.coverage_map.lines)
+    entries = catalogue.build_catalogue_mutants(
+        prepared.catalogue, source, str(prepared.target.path), regions, stage.coverage_map.lines
+    )
+    mutants = (*mutant_set.mutants, *entries.mutants)
+    hashes = function_hashes(source, {m.function for m in mutants})
     started = time.monotonic()
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     if engine == "mutmut":
@@ -133,13 +168,17 @@ def _mutate(
         verdicts = executor.judge_with_mutmut(
             config, stage.suite, prepared.target, mutant_set.mutants, options
         )
+        for mutant in entries.mutants:  # mutmut's runner cannot apply them
+            verdicts[mutant.id] = MutantResult(
+                mutant.id, MutantStatus.ERROR, failure="catalogue entries need --engine fork"
+            )
     else:
         verdicts = executor.judge(
             config,
             stage.suite,
             prepared.target,
-            mutant_set.mutants,
-            mutant_set.function_hashes,
+            mutants,
+            hashes,
             stage.coverage_map.durations,
             prepared.vllm.version,
             options,
@@ -154,8 +193,9 @@ def _mutate(
         vllm_version=prepared.vllm.version,
         suite={"tests_from": prepared.source.origin, "paths": list(stage.suite.selection)},
         engine=engine,
-        mutants=mutant_set.mutants,
+        mutants=mutants,
         verdicts=verdicts,
+        catalogue=entries,
         out_of_region=mutant_set.out_of_region,
         regions=regions,
         coverage=stage.regions,
@@ -165,6 +205,8 @@ def _mutate(
         duration_s=duration,
     )
     stryker.write_mutation_report(config.reports_dir / "mutation.json", document)
-    tallies = results.tally_by_region(mutant_set.mutants, verdicts, names)
-    overall = Tally.of(verdicts[m.id].status for m in mutant_set.mutants)
-    return MutationStage(stage, mutant_set, verdicts, tallies, overall, duration, after)
+    tallies = results.tally_by_region(mutants, verdicts, names)
+    overall = Tally.of(verdicts[m.id].status for m in mutants)
+    return MutationStage(
+        stage, mutant_set, entries, mutants, verdicts, tallies, overall, duration, after
+    )

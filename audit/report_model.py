@@ -49,6 +49,9 @@ class MutantRecord:
     invariant: str = ""  # catalogue entries: the fence invariant it breaks
     expected: str = ""  # catalogue entries: which suite should kill it
     verdict: str = ""  # catalogue entries: how the outcome compares with ``expected``
+    bug: str = ""
+    symptom: str = ""
+    history: str = ""
 
     @property
     def anchor(self) -> str:
@@ -79,6 +82,27 @@ class RegionResult:
     lines: Fraction
     branches: Fraction
     missed_lines: tuple[int, ...]
+    killed_by_vllm: int = 0  # killed by a test of vLLM's own suite
+
+    @property
+    def vllm_score(self) -> float | None:
+        """The score vLLM's suite alone earns (its tests run first for every mutant)."""
+        judged = self.tally.judged
+        return 100.0 * self.killed_by_vllm / judged if judged else None
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogueRecord:
+    """A catalogue entry of the run's regions: applied (then also a mutant) or stale."""
+
+    id: str
+    region: str
+    title: str
+    invariant: str
+    expected: str
+    file: str
+    stale: bool
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +141,11 @@ class AuditResults:
     mutants: tuple[MutantRecord, ...]
     functions: tuple[SourceFunction, ...]
     out_of_region: int
+    catalogue: tuple[CatalogueRecord, ...] = ()
+    overall_killed_by_vllm: int = 0
+
+    def stale(self) -> tuple[CatalogueRecord, ...]:
+        return tuple(c for c in self.catalogue if c.stale)
 
     def region(self, name: str) -> RegionResult:
         return next(r for r in self.regions if r.name == name)
@@ -175,6 +204,7 @@ def _results(path: Path, document: Mapping[str, Any]) -> AuditResults:
             lines=_fraction(body.get("lines")),
             branches=_fraction(body.get("branches")),
             missed_lines=tuple(body.get("missed_lines", ())),
+            killed_by_vllm=int(body.get("killed_by_vllm", body["killed"])),
         )
         for name, body in document["regions"].items()
     )
@@ -216,6 +246,22 @@ def _results(path: Path, document: Mapping[str, Any]) -> AuditResults:
         mutants=mutants,
         functions=functions,
         out_of_region=len(document.get("out_of_region", ())),
+        catalogue=tuple(
+            CatalogueRecord(
+                id=c["id"],
+                region=c["region"],
+                title=c["title"],
+                invariant=c["invariant"],
+                expected=c["expected"],
+                file=c["file"],
+                stale=c["state"] == "stale",
+                reason=c.get("reason", ""),
+            )
+            for c in document.get("catalogue", ())
+        ),
+        overall_killed_by_vllm=int(
+            document["score"].get("killed_by_vllm", document["score"]["killed"])
+        ),
     )
 
 
@@ -249,4 +295,7 @@ def _mutant(body: Mapping[str, Any]) -> MutantRecord:
         invariant=body.get("invariant", ""),
         expected=body.get("expected", ""),
         verdict=body.get("verdict", ""),
+        bug=body.get("bug", ""),
+        symptom=body.get("symptom", ""),
+        history=body.get("history", ""),
     )

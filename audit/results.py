@@ -8,7 +8,11 @@ audit.json format history:
 - 2: ``started_at``; per region its description, functions and line/branch coverage;
   ``tests`` (every baseline test id) and ``source`` (the region functions' lines with
   their coverage, region and covering tests, as indices into ``tests``): what the
-  reports need, so they are rendered from this file alone.
+  reports need, so they are rendered from this file alone. Catalogue entries: their
+  mutants carry ``title``, ``invariant``, ``expected``, ``verdict``, ``bug``,
+  ``symptom``, ``history``; ``catalogue`` lists every entry of the run's regions with
+  ``applied`` or ``stale`` and the reason. Per region and overall, ``killed_by_vllm``:
+  mutants killed by a test of vLLM's own suite (covering tests run vLLM's first).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from audit import __version__
+from audit.catalogue import CatalogueMutants
 from audit.files import write_json
 from audit.model import CoverageMap, Mutant, MutantResult, MutantStatus, RegionCoverage, Target
 from audit.mutants import OutOfRegion
@@ -77,6 +82,7 @@ def write_audit(
     started_at: str,
     duration_s: float,
     engine: str = "fork",
+    catalogue: CatalogueMutants | None = None,
 ) -> dict[str, Any]:
     tallies = tally_by_region(mutants, verdicts, (r.name for r in regions))
     overall = Tally.of(verdicts[m.id].status for m in mutants)
@@ -91,13 +97,19 @@ def write_audit(
         "engine": engine,
         "started_at": started_at,
         "duration_s": round(duration_s, 3),
-        "score": _score(overall),
+        "score": {**_score(overall), "killed_by_vllm": _by_vllm(mutants, verdicts)},
         "regions": {
-            name: {**_region(by_name.get(name)), **_score(tally)} for name, tally in tallies.items()
+            name: {
+                **_region(by_name.get(name)),
+                **_score(tally),
+                "killed_by_vllm": _by_vllm((m for m in mutants if m.region == name), verdicts),
+            }
+            for name, tally in tallies.items()
         },
         "tests": test_ids,
         "source": _source(target, regions, coverage_map, line_coverage, test_ids),
-        "mutants": [_mutant(m, verdicts[m.id]) for m in mutants],
+        "mutants": [_mutant(m, verdicts[m.id], catalogue) for m in mutants],
+        "catalogue": _catalogue(catalogue),
         "out_of_region": [
             {"id": o.id, "function": o.function, "line": o.line} for o in out_of_region
         ],
@@ -189,7 +201,77 @@ def _source(
     return {"path": str(target.path), "functions": functions}
 
 
-def _mutant(mutant: Mutant, result: MutantResult) -> dict[str, Any]:
+PROJECT_PREFIX = "project/"  # test ids of this project's suite (see baseline.stage_suite)
+
+
+def is_project_test(test_id: str) -> bool:
+    return test_id.startswith(PROJECT_PREFIX)
+
+
+def _by_vllm(mutants: Iterable[Mutant], verdicts: Mapping[str, MutantResult]) -> int:
+    return sum(
+        1
+        for m in mutants
+        if verdicts[m.id].status is MutantStatus.KILLED
+        and not is_project_test(verdicts[m.id].killed_by)
+    )
+
+
+def expectation_verdict(expected: str, result: MutantResult) -> str:
+    """How an entry's outcome compares with the suite expected to kill it."""
+    if result.status is MutantStatus.KILLED:
+        suite = "project" if is_project_test(result.killed_by) else "vllm"
+        if expected == suite:
+            return "as expected"
+        if expected == "known-gap":
+            name = "this project's" if suite == "project" else "vLLM's"
+            return f"known gap, yet killed by {name} tests"
+        if expected == "vllm":
+            return "expected vLLM's tests to kill it; only this project's did"
+        return "expected only this project's tests to kill it; vLLM's did"
+    if result.status in (MutantStatus.SURVIVED, MutantStatus.TIMEOUT):
+        if expected == "known-gap":
+            return "as expected"
+        return f"expected a kill, {result.status.value}"
+    if result.status is MutantStatus.NO_TESTS:
+        return "as expected" if expected == "known-gap" else "expected a kill; no test reaches it"
+    return f"not judged ({result.status.value})"
+
+
+def _catalogue(catalogue: CatalogueMutants | None) -> list[dict[str, Any]]:
+    if catalogue is None:
+        return []
+    stale = {s.entry.mutant_id: s.reason for s in catalogue.stale}
+    return [
+        {
+            "id": mutant_id,
+            "region": entry.region,
+            "title": entry.title,
+            "invariant": entry.invariant,
+            "expected": entry.expected,
+            "file": entry.path.name,
+            "state": "stale" if mutant_id in stale else "applied",
+            "reason": stale.get(mutant_id, ""),
+        }
+        for mutant_id, entry in catalogue.entries.items()
+    ]
+
+
+def _mutant(
+    mutant: Mutant, result: MutantResult, catalogue: CatalogueMutants | None = None
+) -> dict[str, Any]:
+    extra: dict[str, Any] = {}
+    entry = catalogue.entries.get(mutant.id) if catalogue else None
+    if entry is not None:
+        extra = {
+            "title": entry.title,
+            "invariant": entry.invariant,
+            "expected": entry.expected,
+            "verdict": expectation_verdict(entry.expected, result),
+            "bug": entry.bug,
+            "symptom": entry.symptom,
+            "history": entry.history,
+        }
     return {
         "id": mutant.id,
         "region": mutant.region,
@@ -205,4 +287,5 @@ def _mutant(mutant: Mutant, result: MutantResult) -> dict[str, Any]:
         "duration_s": result.duration_s,
         "cached": result.cached,
         "diff": mutant.diff,
+        **extra,
     }

@@ -88,7 +88,7 @@ def test_compare_lists_changed_new_and_score_change(results: AuditResults, tmp_p
     summary = render_summary(results, older(tmp_path))
     assert "| `Fence.register:swap_op@3:29-3:36#1` | killed | survived |" in summary
     assert "| `catalogue:removal-early` | (absent) | survived |" in summary
-    assert "| population | 66.7% | 2 | 1 | 0 | 0 | 0 | 4/4 | 2/2 | -33.3 |" in summary
+    assert "| population | 66.7% | 33.3% | 2 | 1 | 0 | 0 | 0 | 4/4 | 2/2 | -33.3 |" in summary
 
 
 def test_untrusted_text_is_shown_as_text_never_markup(results: AuditResults) -> None:
@@ -101,15 +101,35 @@ def test_untrusted_text_is_shown_as_text_never_markup(results: AuditResults) -> 
     assert "&lt;set()&gt;" in pages  # a failure message
 
 
+def test_catalogue_shows_expected_and_actual_killer_and_stale_entries(
+    results: AuditResults,
+) -> None:
+    page = render_index(results)
+    section = page[page.index('id="catalogue"') : page.index('id="mutants"')]
+    assert "Catalogue entries (3, 1 stale)" in section
+    assert "STALE: no statement of Fence.register contains &#x27;check()&#x27; &amp; more" in section
+    assert "only this project&#x27;s did" in section
+    summary = render_summary(results)
+    assert "### Stale catalogue entries (1)" in summary
+    assert "### Catalogue entries against expectation (2)" in summary
+
+
+def test_vllm_alone_score_counts_only_kills_by_vllm_tests(results: AuditResults) -> None:
+    population = results.region("population")
+    assert population.tally.killed == 2
+    assert population.killed_by_vllm == 1
+    assert population.vllm_score == pytest.approx(100 / 3)
+
+
 def test_junit_lists_each_mutant_and_survivors_as_failures(results: AuditResults) -> None:
     root = ET.fromstring(render_junit(results))
     cases = root.findall(".//testcase")
-    assert len(cases) == len(results.mutants)
+    assert len(cases) == len(results.mutants) + len(results.stale())
     failed = {c.get("name") for c in cases if c.find("failure") is not None}
     assert failed == {m.id for m in results.mutants if m.status.value in ("survived", "timeout")}
     assert root.get("failures") == "3"
     assert root.get("errors") == "1"
-    assert root.get("skipped") == "1"
+    assert root.get("skipped") == "2"  # no tests, and the stale catalogue entry
 
 
 def test_index_shows_score_with_its_denominator(results: AuditResults) -> None:

@@ -1,0 +1,445 @@
+"""The catalogue: hand-written, realistic fence bugs, one TOML file each in ``mutants/``.
+
+mutmut swaps operators; it cannot delete a registration, route a block to the wrong
+list or move a check after job creation. A catalogue entry can. Each entry names the
+function and anchors every change on a statement's text (whitespace ignored), never on
+a line number, so it survives line shifts between vLLM versions. An entry that no
+longer applies (its anchor is gone or ambiguous, its edit no longer matches, the
+result does not compile or changes nothing) is STALE, with the reason: never dropped.
+
+Applied entries become :class:`~audit.model.Mutant` objects (origin ``catalogue``)
+and go through the same executor, cache, statuses, reports and gate as mutmut's.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import textwrap
+import tomllib
+import types
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from audit.errors import ConfigError
+from audit.model import LineEdit, Mutant, apply_edits
+from audit.regions import FunctionNode, Region, find_function
+
+CATALOGUE_FORMAT = 1
+Action = Literal["delete", "replace", "edit", "insert_before", "insert_after", "move_after"]
+ACTIONS = ("delete", "replace", "edit", "insert_before", "insert_after", "move_after")
+Expected = Literal["vllm", "project", "known-gap"]
+EXPECTED = ("vllm", "project", "known-gap")
+_ENTRY_KEYS = {
+    "format",
+    "id",
+    "region",
+    "title",
+    "bug",
+    "invariant",
+    "symptom",
+    "expected",
+    "history",
+    "change",
+}
+_CHANGE_KEYS = {"function", "statement", "action", "old", "new", "after", "occurrence"}
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One change to one statement of one function."""
+
+    function: str  # qualified name, Class.method
+    statement: str  # anchor: text the statement contains (whitespace ignored)
+    action: Action
+    old: str = ""  # edit: text of the statement to replace (exactly once)
+    new: str = ""  # edit: its replacement; replace/insert_*: the new statement(s)
+    after: str = ""  # move_after: anchor of the statement to move it after
+    occurrence: int = 0  # 1-based, when the anchor matches several statements; 0: unique
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    id: str
+    region: str
+    title: str  # one line: what the bug is
+    bug: str  # what a developer could plausibly write, and why
+    invariant: str  # fence-brief section 7 numbering, e.g. "I1a"
+    symptom: str
+    expected: Expected  # which suite should kill it
+    history: str  # vLLM PRs or issues, when the bug is a reconstructed regression
+    changes: tuple[Change, ...]
+    path: Path
+
+    @property
+    def mutant_id(self) -> str:
+        return f"catalogue:{self.id}"
+
+
+@dataclass(frozen=True, slots=True)
+class Stale:
+    entry: Entry
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    entry: Entry
+    edits: tuple[LineEdit, ...]
+    changed_lines: tuple[int, ...]  # lines of the original whose statements changed
+    function: str
+    line: int
+
+
+# --- loading ------------------------------------------------------------------
+
+
+def load_catalogue(directory: Path) -> tuple[Entry, ...]:
+    """Every ``*.toml`` under ``directory`` (sorted); a broken file is a ConfigError."""
+    if not directory.is_dir():
+        raise ConfigError(
+            "the catalogue folder does not exist",
+            details={"folder": str(directory), "next": "set catalogue = PATH or create it"},
+        )
+    entries = [load_entry(path) for path in sorted(directory.glob("*.toml"))]
+    seen: dict[str, Path] = {}
+    for entry in entries:
+        if entry.id in seen:
+            raise ConfigError(
+                f"two catalogue entries have the id {entry.id!r}",
+                details={"files": f"{seen[entry.id]}, {entry.path}", "next": "rename one"},
+            )
+        seen[entry.id] = entry.path
+    return tuple(entries)
+
+
+def load_entry(path: Path) -> Entry:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(
+            "catalogue entry is not valid TOML", details={"file": str(path), "error": str(error)}
+        ) from None
+    where = str(path)
+    _keys(data, _ENTRY_KEYS, where)
+    if data.get("format", CATALOGUE_FORMAT) != CATALOGUE_FORMAT:
+        raise ConfigError(
+            f"catalogue format {data.get('format')!r}; this fence-audit reads {CATALOGUE_FORMAT}",
+            details={"file": where},
+        )
+    expected = _text(data, "expected", where)
+    if expected not in EXPECTED:
+        raise ConfigError(
+            f"expected = {expected!r}: must be one of {', '.join(EXPECTED)}",
+            details={"file": where},
+        )
+    identifier = _text(data, "id", where)
+    if identifier != path.stem:
+        raise ConfigError(
+            f"id {identifier!r} differs from the file name {path.name!r}",
+            details={"file": where, "next": f"name the file {identifier}.toml"},
+        )
+    changes = data.get("change")
+    if not isinstance(changes, list) or not changes:
+        raise ConfigError("an entry needs at least one [[change]]", details={"file": where})
+    parsed = tuple(_change(c, f"{where} [[change]] {i + 1}") for i, c in enumerate(changes))
+    if len({c.function for c in parsed}) > 1:
+        raise ConfigError(
+            "all changes of an entry must be in one function (the executor swaps one)",
+            details={"file": where, "functions": ", ".join(sorted({c.function for c in parsed}))},
+        )
+    return Entry(
+        id=identifier,
+        region=_text(data, "region", where),
+        title=_text(data, "title", where),
+        bug=_text(data, "bug", where),
+        invariant=_text(data, "invariant", where),
+        symptom=_text(data, "symptom", where),
+        expected=expected,  # type: ignore[arg-type]
+        history=str(data.get("history", "")),
+        changes=parsed,
+        path=path,
+    )
+
+
+def _change(data: object, where: str) -> Change:
+    if not isinstance(data, dict):
+        raise ConfigError("a [[change]] must be a table", details={"file": where})
+    _keys(data, _CHANGE_KEYS, where)
+    action = _text(data, "action", where)
+    if action not in ACTIONS:
+        raise ConfigError(
+            f"action = {action!r}: must be one of {', '.join(ACTIONS)}", details={"file": where}
+        )
+    if action == "edit" and not isinstance(data.get("new"), str):
+        raise ConfigError("'new' must be a string (empty to delete 'old')", details={"file": where})
+    needs = {
+        "edit": ("old",),
+        "replace": ("new",),
+        "insert_before": ("new",),
+        "insert_after": ("new",),
+        "move_after": ("after",),
+    }.get(action, ())
+    for key in needs:
+        _text(data, key, where)
+    occurrence = data.get("occurrence", 0)
+    if not isinstance(occurrence, int) or occurrence < 0:
+        raise ConfigError("occurrence must be a whole number >= 1", details={"file": where})
+    return Change(
+        function=_text(data, "function", where),
+        statement=_text(data, "statement", where),
+        action=action,  # type: ignore[arg-type]
+        old=str(data.get("old", "")),
+        new=str(data.get("new", "")),
+        after=str(data.get("after", "")),
+        occurrence=occurrence,
+    )
+
+
+def _keys(data: Mapping[str, object], allowed: set[str], where: str) -> None:
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise ConfigError(
+            f"unknown key {unknown[0]!r} in a catalogue entry",
+            details={"file": where, "allowed": ", ".join(sorted(allowed))},
+        )
+
+
+def _text(data: Mapping[str, object], key: str, where: str) -> str:
+    value = data.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{key!r} must be a non-empty string", details={"file": where})
+    return value
+
+
+# --- applying -------------------------------------------------------------------
+
+
+class _Stale(Exception):
+    """Why an entry does not apply to this source."""
+
+
+def apply_entry(entry: Entry, source: str, filename: str) -> Applied | Stale:
+    """The entry's edits on ``source``, checked: they apply, compile and change the code."""
+    try:
+        tree = ast.parse(source, filename=filename)
+        lines = source.splitlines()
+        edits: list[LineEdit] = []
+        touched: set[int] = set()
+        for change in entry.changes:
+            change_edits, change_lines = _edits(change, tree, lines)
+            edits.extend(change_edits)
+            touched.update(change_lines)
+        _check_disjoint(edits)
+        mutated = apply_edits(source, tuple(edits))
+        functions = {change.function for change in entry.changes}
+        _check_changes_code(source, mutated, functions, filename)
+    except _Stale as why:
+        return Stale(entry, str(why))
+    return Applied(
+        entry=entry,
+        edits=tuple(edits),
+        changed_lines=tuple(sorted(touched)),
+        function=entry.changes[0].function,
+        line=min(touched),
+    )
+
+
+def _edits(
+    change: Change, tree: ast.Module, lines: list[str]
+) -> tuple[list[LineEdit], range | list[int]]:
+    """The line edits of one change, and the original lines whose behaviour it touches
+    (the anchor statement's; for a move, the destination's too): their tests judge it."""
+    function = find_function(tree, change.function)
+    if function is None:
+        raise _Stale(f"function {change.function} not found")
+    stmt = _find_statement(function, change.statement, change.occurrence, change.function, lines)
+    start, end = stmt.lineno, stmt.end_lineno or stmt.lineno
+    touched = range(start, end + 1)
+    indent = _indent(lines[start - 1])
+    if change.action == "delete":
+        return [LineEdit(start, end, (f"{indent}pass",))], touched
+    if change.action == "replace":
+        return [LineEdit(start, end, _block(change.new, indent))], touched
+    if change.action == "insert_before":
+        return [LineEdit(start, start - 1, _block(change.new, indent))], touched
+    if change.action == "insert_after":
+        return [LineEdit(end + 1, end, _block(change.new, indent))], touched
+    if change.action == "edit":
+        text = "\n".join(lines[start - 1 : end])
+        count = text.count(change.old)
+        if count != 1:
+            raise _Stale(
+                f"{change.old!r} occurs {count} times in the statement at "
+                f"{change.function} line {start - function.lineno}, not once"
+            )
+        new = tuple(text.replace(change.old, change.new).split("\n"))
+        return [LineEdit(start, end, new)], touched
+    # move_after
+    target = _find_statement(function, change.after, 0, change.function, lines)
+    target_end = target.end_lineno or target.lineno
+    if start <= target.lineno <= end or target.lineno <= start <= target_end:
+        raise _Stale("move_after: the statement and its new place overlap")
+    moved = textwrap.dedent("\n".join(lines[start - 1 : end]))
+    edits = [
+        LineEdit(start, end, (f"{indent}pass",)),
+        LineEdit(target_end + 1, target_end, _block(moved, _indent(lines[target.lineno - 1]))),
+    ]
+    return edits, [*touched, *range(target.lineno, target_end + 1)]
+
+
+def _find_statement(
+    function: FunctionNode, anchor: str, occurrence: int, qualname: str, lines: list[str]
+) -> ast.stmt:
+    """The innermost statement whose source text contains ``anchor``, whitespace ignored
+    (the text as the file spells it, so an anchor is copied from the source)."""
+    wanted = "".join(anchor.split())
+
+    def text(stmt: ast.stmt) -> str:
+        return "".join("".join(lines[stmt.lineno - 1 : stmt.end_lineno]).split())
+
+    hits = [s for s in _statements(function.body) if wanted in text(s)]
+    innermost = [s for s in hits if not any(o is not s and _inside(o, s) for o in hits)]
+    if not innermost:
+        raise _Stale(f"no statement of {qualname} contains {anchor!r}")
+    if occurrence:
+        if occurrence > len(innermost):
+            raise _Stale(
+                f"occurrence {occurrence} of {anchor!r} in {qualname}: only {len(innermost)}"
+            )
+        return innermost[occurrence - 1]
+    if len(innermost) > 1:
+        where = ", ".join(str(s.lineno - function.lineno) for s in innermost)
+        raise _Stale(
+            f"{len(innermost)} statements of {qualname} contain {anchor!r} (at lines {where} "
+            "from the def): make the anchor longer or give occurrence"
+        )
+    return innermost[0]
+
+
+def _inside(inner: ast.stmt, outer: ast.stmt) -> bool:
+    """``inner`` lies strictly inside ``outer``."""
+    return (
+        outer.lineno <= inner.lineno
+        and (inner.end_lineno or 0) <= (outer.end_lineno or 0)
+        and (inner.lineno, inner.end_lineno) != (outer.lineno, outer.end_lineno)
+    )
+
+
+def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    for stmt in body:
+        yield stmt
+        for name in ("body", "orelse", "finalbody"):
+            block = getattr(stmt, name, None)
+            if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
+                yield from _statements(block)
+        for handler in getattr(stmt, "handlers", []):
+            yield from _statements(handler.body)
+
+
+def _indent(line: str) -> str:
+    return line[: len(line) - len(line.lstrip())]
+
+
+def _block(text: str, indent: str) -> tuple[str, ...]:
+    body = textwrap.dedent(text).strip("\n")
+    return tuple(indent + line if line.strip() else "" for line in body.split("\n"))
+
+
+def _check_disjoint(edits: list[LineEdit]) -> None:
+    spans = sorted((e.start, max(e.start - 1, e.end)) for e in edits)
+    for (_, a_end), (b_start, _) in itertools.pairwise(spans):
+        if b_start <= a_end:
+            raise _Stale(f"two changes overlap at line {b_start}")
+
+
+def _check_changes_code(source: str, mutated: str, functions: Iterable[str], filename: str) -> None:
+    try:
+        compiled = compile(mutated, filename, "exec")
+    except SyntaxError as error:
+        raise _Stale(
+            f"the changed source does not compile: {error.msg} (line {error.lineno})"
+        ) from None
+    original = compile(source, filename, "exec")
+    for qualname in functions:
+        before, after = _code(original, qualname), _code(compiled, qualname)
+        if after is None:
+            raise _Stale(f"function {qualname} is gone from the changed source")
+        if before is not None and _fingerprint(before) == _fingerprint(after):
+            raise _Stale(f"the change leaves the code of {qualname} as it was")
+
+
+def _code(module: types.CodeType, qualname: str) -> types.CodeType | None:
+    stack = [module]
+    while stack:
+        current = stack.pop()
+        if current.co_qualname == qualname and current is not module:
+            return current
+        stack.extend(c for c in current.co_consts if isinstance(c, types.CodeType))
+    return None
+
+
+def _fingerprint(code: types.CodeType) -> tuple[object, ...]:
+    """What a function does, without where it sits (line numbers differ after an edit)."""
+    consts = tuple(
+        _fingerprint(c) if isinstance(c, types.CodeType) else (type(c).__name__, repr(c))
+        for c in code.co_consts
+    )
+    return (code.co_code, consts, code.co_names, code.co_varnames, code.co_freevars)
+
+
+# --- mutants --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogueMutants:
+    mutants: tuple[Mutant, ...]
+    stale: tuple[Stale, ...]
+    entries: Mapping[str, Entry]  # by mutant id
+
+
+def build_catalogue_mutants(
+    entries: Iterable[Entry],
+    source: str,
+    filename: str,
+    regions: tuple[Region, ...],
+    lines_to_tests: Mapping[int, tuple[str, ...]],
+) -> CatalogueMutants:
+    """Apply every entry of the named regions; the rest are skipped, stale ones kept."""
+    from audit.mutants import statement_starts, unified_diff
+
+    statement_of_line = statement_starts(source, filename)
+    names = {region.name for region in regions}
+    original = source.splitlines(keepends=True)
+    mutants: list[Mutant] = []
+    stale: list[Stale] = []
+    by_id: dict[str, Entry] = {}
+    for entry in entries:
+        if entry.region not in names:
+            continue
+        by_id[entry.mutant_id] = entry
+        applied = apply_entry(entry, source, filename)
+        if isinstance(applied, Stale):
+            stale.append(applied)
+            continue
+        mutated = apply_edits(source, applied.edits)
+        touched = {statement_of_line.get(line, line) for line in applied.changed_lines}
+        covered = sorted({t for line in touched for t in lines_to_tests.get(line, ())})
+        mutants.append(
+            Mutant(
+                id=entry.mutant_id,
+                origin="catalogue",
+                region=entry.region,
+                function=applied.function,
+                operator=entry.id,
+                ordinal=0,
+                line=applied.line,
+                changed_lines=applied.changed_lines,
+                diff=unified_diff(original, mutated.splitlines(keepends=True), filename),
+                edits=applied.edits,
+                covered_by=tuple(covered),
+            )
+        )
+    return CatalogueMutants(tuple(mutants), tuple(stale), by_id)

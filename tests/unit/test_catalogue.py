@@ -1,0 +1,255 @@
+"""Catalogue entries: loading, anchoring on statement text, applying, staleness."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from audit.catalogue import Applied, Entry, Stale, apply_entry, load_catalogue, load_entry
+from audit.errors import ConfigError
+from audit.model import MutantResult, MutantStatus, apply_edits
+from audit.results import expectation_verdict
+
+SOURCE = textwrap.dedent(
+    """\
+    class Fence:
+        def register(self, job, blocks):
+            for block in blocks:
+                if block == 0:
+                    continue
+                self.jobs.setdefault(block, set()).add(job)
+            self.count += 1
+
+        def remove(self, job, blocks):
+            for block in blocks:
+                pending = self.jobs[block]
+                pending.remove(job)
+                if not pending:
+                    del self.jobs[block]
+    """
+)
+
+
+def entry_text(change: str, **fields: str) -> str:
+    header = {
+        "id": "e1",
+        "region": "population",
+        "title": "t",
+        "bug": "b",
+        "invariant": "I1",
+        "symptom": "s",
+        "expected": "vllm",
+        **fields,
+    }
+    lines = [f"{key} = {value!r}".replace("'", '"') for key, value in header.items()]
+    return "\n".join(lines) + "\n\n[[change]]\n" + textwrap.dedent(change)
+
+
+def entry(tmp_path: Path, change: str, **fields: str) -> Entry:
+    path = tmp_path / f"{fields.get('id', 'e1')}.toml"
+    path.write_text(entry_text(change, **fields))
+    return load_entry(path)
+
+
+def applied(tmp_path: Path, change: str) -> str:
+    result = apply_entry(entry(tmp_path, change), SOURCE, "fence.py")
+    assert isinstance(result, Applied), result
+    return apply_edits(SOURCE, result.edits)
+
+
+def test_delete_replaces_the_statement_by_pass(tmp_path: Path) -> None:
+    mutated = applied(
+        tmp_path,
+        """\
+        function = "Fence.register"
+        statement = "self.jobs.setdefault(block, set()).add(job)"
+        action = "delete"
+        """,
+    )
+    assert "setdefault" not in mutated
+    assert "            pass\n" in mutated
+
+
+def test_edit_changes_text_inside_the_innermost_statement(tmp_path: Path) -> None:
+    mutated = applied(
+        tmp_path,
+        """\
+        function = "Fence.remove"
+        statement = "if not pending:"
+        action = "edit"
+        old = "if not pending:"
+        new = "if pending:"
+        """,
+    )
+    assert "            if pending:\n                del self.jobs[block]" in mutated
+
+
+def test_move_after_moves_a_statement_with_its_body(tmp_path: Path) -> None:
+    mutated = applied(
+        tmp_path,
+        """\
+        function = "Fence.register"
+        statement = "if block == 0:"
+        action = "move_after"
+        after = "self.jobs.setdefault(block, set()).add(job)"
+        """,
+    )
+    compile(mutated, "m.py", "exec")
+    assert mutated.index("setdefault") < mutated.index("if block == 0:")
+
+
+def test_insert_after_takes_the_anchor_indentation(tmp_path: Path) -> None:
+    mutated = applied(
+        tmp_path,
+        """\
+        function = "Fence.register"
+        statement = "self.count += 1"
+        action = "insert_after"
+        new = "self.count += 1"
+        """,
+    )
+    assert mutated.count("        self.count += 1\n") == 2
+
+
+def test_anchors_survive_line_shifts(tmp_path: Path) -> None:
+    change = """\
+        function = "Fence.remove"
+        statement = "pending.remove(job)"
+        action = "delete"
+        """
+    shifted = "# a comment\n\n\n" + SOURCE
+    first = apply_entry(entry(tmp_path, change), SOURCE, "f.py")
+    second = apply_entry(entry(tmp_path, change), shifted, "f.py")
+    assert isinstance(first, Applied)
+    assert isinstance(second, Applied)
+    assert second.line == first.line + 3
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ('function = "Fence.gone"\nstatement = "x"\naction = "delete"\n', "not found"),
+        (
+            'function = "Fence.register"\nstatement = "nowhere()"\naction = "delete"\n',
+            "no statement",
+        ),
+        ('function = "Fence.register"\nstatement = "block"\naction = "delete"\n', "statements of"),
+        (
+            'function = "Fence.remove"\nstatement = "pending.remove(job)"\naction = "edit"\n'
+            'old = "missing"\nnew = "x"\n',
+            "occurs 0 times",
+        ),
+        (
+            'function = "Fence.remove"\nstatement = "pending.remove(job)"\naction = "replace"\n'
+            'new = "pending.remove(job"\n',
+            "does not compile",
+        ),
+        (
+            'function = "Fence.remove"\nstatement = "pending.remove(job)"\naction = "replace"\n'
+            'new = "pending.remove( job )"\n',
+            "leaves the code",
+        ),
+    ],
+)
+def test_an_entry_that_no_longer_applies_is_stale_with_a_reason(
+    tmp_path: Path, change: str, reason: str
+) -> None:
+    result = apply_entry(entry(tmp_path, change), SOURCE, "fence.py")
+    assert isinstance(result, Stale)
+    assert reason in result.reason
+
+
+def test_occurrence_picks_among_several_matches(tmp_path: Path) -> None:
+    source = SOURCE.replace("self.count += 1", "self.count += 1\n        self.count += 1")
+    change = 'function = "Fence.register"\nstatement = "self.count += 1"\naction = "edit"\n'
+    ambiguous = apply_entry(entry(tmp_path, change + 'old = "1"\nnew = "2"\n'), source, "f.py")
+    assert isinstance(ambiguous, Stale)
+    second = apply_entry(
+        entry(tmp_path, change + 'occurrence = 2\nold = "1"\nnew = "2"\n'), source, "f.py"
+    )
+    assert isinstance(second, Applied)
+    assert "self.count += 1\n        self.count += 2\n" in apply_edits(source, second.edits)
+
+
+@pytest.mark.parametrize(
+    ("fields", "change", "message"),
+    [
+        (
+            {"expected": "maybe"},
+            'function = "F.f"\nstatement = "x"\naction = "delete"\n',
+            "expected",
+        ),
+        ({}, 'function = "F.f"\nstatement = "x"\naction = "explode"\n', "action"),
+        ({}, 'function = "F.f"\nstatement = "x"\naction = "edit"\nnew = "y"\n', "'old'"),
+        (
+            {},
+            'function = "F.f"\nstatement = "x"\naction = "delete"\ncolour = "red"\n',
+            "unknown key",
+        ),
+    ],
+)
+def test_a_broken_entry_names_its_file_and_problem(
+    tmp_path: Path, fields: dict[str, str], change: str, message: str
+) -> None:
+    path = tmp_path / "e1.toml"
+    path.write_text(entry_text(change, **fields))
+    with pytest.raises(ConfigError) as error:
+        load_entry(path)
+    assert message in error.value.render()
+    assert str(path) in error.value.render()
+
+
+def test_entry_id_must_match_its_file_name(tmp_path: Path) -> None:
+    path = tmp_path / "other.toml"
+    path.write_text(entry_text('function = "F.f"\nstatement = "x"\naction = "delete"\n'))
+    with pytest.raises(ConfigError, match="differs from the file name"):
+        load_entry(path)
+
+
+def test_all_changes_of_an_entry_must_share_one_function(tmp_path: Path) -> None:
+    text = entry_text('function = "F.f"\nstatement = "x"\naction = "delete"\n')
+    text += '\n[[change]]\nfunction = "F.g"\nstatement = "y"\naction = "delete"\n'
+    path = tmp_path / "e1.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match="one function"):
+        load_entry(path)
+
+
+def test_duplicate_ids_are_refused(tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.toml").write_text(
+            entry_text('function = "F.f"\nstatement = "x"\naction = "delete"\n', id=name)
+        )
+    assert [e.id for e in load_catalogue(tmp_path)] == ["a", "b"]
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_catalogue(tmp_path / "missing")
+
+
+@pytest.mark.parametrize(
+    ("expected", "status", "killer", "verdict"),
+    [
+        ("vllm", "killed", "tests/v1/test_scheduler.py::t", "as expected"),
+        ("vllm", "killed", "project/tests/fence/test_x.py::t", "only this project's did"),
+        ("project", "killed", "project/tests/fence/test_x.py::t", "as expected"),
+        ("project", "killed", "tests/v1/test_scheduler.py::t", "vLLM's did"),
+        ("known-gap", "survived", "", "as expected"),
+        ("known-gap", "killed", "tests/v1/test_scheduler.py::t", "known gap, yet killed"),
+        ("vllm", "survived", "", "expected a kill, survived"),
+        ("project", "no_tests", "", "no test reaches it"),
+    ],
+)
+def test_expectation_against_outcome_is_flagged(
+    expected: str, status: str, killer: str, verdict: str
+) -> None:
+    result = MutantResult("m", MutantStatus(status), killed_by=killer)
+    assert verdict in expectation_verdict(expected, result)
+
+
+def test_the_project_catalogue_loads_and_has_enough_entries(project_root: Path) -> None:
+    entries = load_catalogue(project_root / "mutants" / "catalogue")
+    assert len(entries) >= 30
+    assert {e.region for e in entries} == {"population", "flush", "removal", "sliding_window"}
+    assert {"vllm", "project", "known-gap"} <= {e.expected for e in entries}
+    assert all(e.history for e in entries if "before" in e.id)
