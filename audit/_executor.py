@@ -217,8 +217,16 @@ class MutationLoop:
         result: dict[str, Any]
         try:
             edits = tuple(LineEdit(a, b, tuple(new)) for a, b, new in mutant["edits"])
-            text = apply_edits(self.source, edits)
-            activate(self.spec["target_module"], self.spec["target_path"], mutant["function"], text)
+            if mutant.get("module"):  # another module than the target (the worker's)
+                module, path = mutant["module"], mutant["path"]
+                source = Path(path).read_text()
+            else:
+                module, path, source = (
+                    self.spec["target_module"],
+                    self.spec["target_path"],
+                    self.source,
+                )
+            activate(module, path, mutant["function"], apply_edits(source, edits))
             result = self.judge(items, mutant["tests"], mutant["budgets"])
         except BaseException as error:  # the verdict must reach the parent
             result = {"status": "error", "failure": f"{type(error).__name__}: {error}"}

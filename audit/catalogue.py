@@ -42,6 +42,7 @@ _ENTRY_KEYS = {
     "symptom",
     "expected",
     "history",
+    "module",
     "change",
 }
 _CHANGE_KEYS = {"function", "statement", "action", "old", "new", "after", "occurrence"}
@@ -72,6 +73,7 @@ class Entry:
     history: str  # vLLM PRs or issues, when the bug is a reconstructed regression
     changes: tuple[Change, ...]
     path: Path
+    module: str = ""  # dotted module the change applies to; "": the audited target
 
     @property
     def mutant_id(self) -> str:
@@ -161,6 +163,7 @@ def load_entry(path: Path) -> Entry:
         history=str(data.get("history", "")),
         changes=parsed,
         path=path,
+        module=str(data.get("module", "")),
     )
 
 
@@ -406,27 +409,45 @@ def build_catalogue_mutants(
     filename: str,
     regions: tuple[Region, ...],
     lines_to_tests: Mapping[int, tuple[str, ...]],
+    other_modules: Mapping[str, Path] | None = None,
+    all_tests: Iterable[str] = (),
 ) -> CatalogueMutants:
-    """Apply every entry of the named regions; the rest are skipped, stale ones kept."""
+    """Apply every entry of the named regions; the rest are skipped, stale ones kept.
+
+    An entry for another module than the target (``other_modules`` maps its name to
+    its file) has no per-line coverage: the baseline measured the target only, so
+    every test of the suite judges it (``all_tests``): slower, never wrong.
+    """
     from audit.mutants import statement_starts, unified_diff
 
     statement_of_line = statement_starts(source, filename)
     names = {region.name for region in regions}
-    original = source.splitlines(keepends=True)
     mutants: list[Mutant] = []
     stale: list[Stale] = []
     by_id: dict[str, Entry] = {}
+    everything = tuple(sorted(all_tests))
     for entry in entries:
         if entry.region not in names:
             continue
         by_id[entry.mutant_id] = entry
-        applied = apply_entry(entry, source, filename)
+        module_path = None
+        if entry.module:
+            module_path = (other_modules or {}).get(entry.module)
+            if module_path is None:
+                stale.append(Stale(entry, f"module {entry.module} is not installed"))
+                continue
+        text = module_path.read_text(encoding="utf-8") if module_path else source
+        name = str(module_path) if module_path else filename
+        applied = apply_entry(entry, text, name)
         if isinstance(applied, Stale):
             stale.append(applied)
             continue
-        mutated = apply_edits(source, applied.edits)
-        touched = {statement_of_line.get(line, line) for line in applied.changed_lines}
-        covered = sorted({t for line in touched for t in lines_to_tests.get(line, ())})
+        mutated = apply_edits(text, applied.edits)
+        if module_path is None:
+            touched = {statement_of_line.get(line, line) for line in applied.changed_lines}
+            covered = sorted({t for line in touched for t in lines_to_tests.get(line, ())})
+        else:
+            covered = list(everything)
         mutants.append(
             Mutant(
                 id=entry.mutant_id,
@@ -437,9 +458,13 @@ def build_catalogue_mutants(
                 ordinal=0,
                 line=applied.line,
                 changed_lines=applied.changed_lines,
-                diff=unified_diff(original, mutated.splitlines(keepends=True), filename),
+                diff=unified_diff(
+                    text.splitlines(keepends=True), mutated.splitlines(keepends=True), name
+                ),
                 edits=applied.edits,
                 covered_by=tuple(covered),
+                module=entry.module,
+                path=str(module_path) if module_path else "",
             )
         )
     return CatalogueMutants(tuple(mutants), tuple(stale), by_id)

@@ -267,7 +267,13 @@ def check_catalogue(config: Config, vllm_src: Path | None) -> ExitCode:
     stale = 0
     width = max((len(e.id) for e in entries), default=0)
     for entry in entries:
-        outcome = catalogue.apply_entry(entry, source, str(path))
+        where, text = path, source
+        if entry.module:  # an entry for another module (the worker's): its installed file
+            where = environment.installed_file(
+                environment.installed_vllm(config.vllm_version), entry.module
+            )
+            text = where.read_text(encoding="utf-8")
+        outcome = catalogue.apply_entry(entry, text, str(where))
         if isinstance(outcome, catalogue.Stale):
             stale += 1
             print(f"  STALE  {entry.id:<{width}}  {outcome.reason}")

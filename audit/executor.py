@@ -83,7 +83,8 @@ def judge(
         if not mutant.covered_by:
             verdicts[mutant.id] = MutantResult(mutant.id, MutantStatus.NO_TESTS)
             continue
-        key = cache_key(vllm_version, function_hashes[mutant.function], mutant, hasher)
+        function = f"{mutant.module}:{mutant.function}" if mutant.module else mutant.function
+        key = cache_key(vllm_version, function_hashes[function], mutant, hasher)
         cached = results_dir / f"{key}.json"
         if options.use_cache and cached.is_file():
             verdicts[mutant.id] = _load(mutant.id, cached, cached=True)
@@ -100,6 +101,8 @@ def judge(
                 "key": key,
                 "id": mutant.id,
                 "function": mutant.function,
+                "module": mutant.module,
+                "path": mutant.path,
                 "edits": [[e.start, e.end, list(e.new_lines)] for e in mutant.edits],
                 "tests": tests,
                 "budgets": budgets,
@@ -178,8 +181,12 @@ class TestHasher:
 
 
 def forced_failure(source: str, reference: dict[str, Any]) -> dict[str, Any]:
-    """A mutant that makes ``reference``'s function raise at once: its tests must kill it."""
+    """A mutant that makes ``reference``'s function raise at once: its tests must kill it.
+
+    ``source`` is the target's; a reference in another module brings its own file."""
     function = reference["function"]
+    if reference.get("module"):
+        source = Path(reference["path"]).read_text(encoding="utf-8")
     node = find_function(ast.parse(source), function)
     if node is None:
         raise ExecutorFailed(f"forced-fail check: function {function} not found")
@@ -191,8 +198,12 @@ def forced_failure(source: str, reference: dict[str, Any]) -> dict[str, Any]:
         "key": f"sentinel-{uuid.uuid4().hex}",
         "id": f"{function}:forced-failure",
         "function": function,
+        "module": reference.get("module", ""),
+        "path": reference.get("path", ""),
         "edits": [[edit.start, edit.end, list(edit.new_lines)]],
-        "tests": reference["tests"][:5],
+        # A few covering tests prove a target mutant switches on. Another module's
+        # mutants have no per-line coverage: any test may be the first to run it.
+        "tests": reference["tests"] if reference.get("module") else reference["tests"][:5],
         "budgets": reference["budgets"],
         "timeout_s": reference["timeout_s"],
     }
@@ -212,7 +223,8 @@ def _run_executor(
     log = config.reports_dir / "logs" / "mutants.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     source = target.path.read_text()
-    first = pending[0]
+    # The forced-fail check prefers a mutant of the target, whose tests are known to reach it.
+    first = next((entry for entry in pending if not entry["module"]), pending[0])
     spec = {
         "overlay": {target.module: str(target.path)} if suite.source.checkout else {},
         # Native tracebacks: pytest's own long format costs ~0.5 s per killed mutant.

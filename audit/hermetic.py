@@ -73,6 +73,11 @@ def child_environment(base: Mapping[str, str], hf_home: Path) -> dict[str, str]:
             "DO_NOT_TRACK": "1",
             # Neither the installed vLLM nor a checkout gets __pycache__ written into it.
             "PYTHONDONTWRITEBYTECODE": "1",
+            # One compute thread: the executor forks the warm test process, and a fork
+            # after torch (OpenMP, MKL) started its thread pool can deadlock the child
+            # in C code, beyond any signal (vLLM's test_worker.py does tensor work).
+            "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
         }
     )
     return env

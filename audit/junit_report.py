@@ -2,7 +2,8 @@
 
 A killed mutant passes; a survivor or a timeout is a failure (the fence suite did
 not catch it); a mutant that could not be judged is an error; one that no test
-covers is skipped. One ``<testsuite>`` per region.
+covers is skipped, and so is a stale catalogue entry (with its reason). One
+``<testsuite>`` per region.
 """
 
 from __future__ import annotations

@@ -129,8 +129,12 @@ class Mutant:
     line: int  # where the mutated code starts, in the audited source
     changed_lines: tuple[int, ...]
     diff: str
-    edits: tuple[LineEdit, ...]  # applied to the audited source
+    edits: tuple[LineEdit, ...]  # applied to the audited source (or to ``path``)
     covered_by: tuple[str, ...]  # test ids that executed a changed line in the baseline
+    # Another module than the target (catalogue entries of the worker's flush handling):
+    # its dotted name and file. Empty: the target module.
+    module: str = ""
+    path: str = ""
 
 
 @dataclass(frozen=True, slots=True)

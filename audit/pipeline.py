@@ -8,6 +8,7 @@ Each stage is a plain function of another module; this module only wires them.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -102,7 +103,10 @@ def load_entries(config: Config) -> tuple[Entry, ...]:
     folder = config.catalogue_dir
     if folder is None or not folder.is_dir():
         return ()
-    entries = catalogue.load_catalogue(folder)
+    entries = tuple(
+        dataclasses.replace(e, module="") if e.module == config.target else e
+        for e in catalogue.load_catalogue(folder)
+    )
     names = {region.name for region in config.regions}
     for entry in entries:
         if entry.region not in names:
@@ -156,11 +160,26 @@ def _mutate(
     regions = tuple(r for r in prepared.regions if not only or r.name in only)
     source = prepared.target.path.read_text(encoding="utf-8")
     mutant_set = build_mutants(source, str(prepared.target.path), regions, stage.coverage_map.lines)
+    others = {
+        e.module: environment.installed_file(prepared.vllm, e.module)
+        for e in prepared.catalogue
+        if e.module and e.module != config.target
+    }
     entries = catalogue.build_catalogue_mutants(
-        prepared.catalogue, source, str(prepared.target.path), regions, stage.coverage_map.lines
+        prepared.catalogue,
+        source,
+        str(prepared.target.path),
+        regions,
+        stage.coverage_map.lines,
+        others,
+        stage.coverage_map.durations,
     )
     mutants = (*mutant_set.mutants, *entries.mutants)
-    hashes = function_hashes(source, {m.function for m in mutants})
+    hashes = function_hashes(source, {m.function for m in mutants if not m.module})
+    for module, path in others.items():
+        functions = {m.function for m in mutants if m.module == module}
+        text = path.read_text(encoding="utf-8")
+        hashes.update({f"{module}:{f}": h for f, h in function_hashes(text, functions).items()})
     started = time.monotonic()
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     if engine == "mutmut":

@@ -107,7 +107,9 @@ def test_catalogue_shows_expected_and_actual_killer_and_stale_entries(
     page = render_index(results)
     section = page[page.index('id="catalogue"') : page.index('id="mutants"')]
     assert "Catalogue entries (3, 1 stale)" in section
-    assert "STALE: no statement of Fence.register contains &#x27;check()&#x27; &amp; more" in section
+    assert (
+        "STALE: no statement of Fence.register contains &#x27;check()&#x27; &amp; more" in section
+    )
     assert "only this project&#x27;s did" in section
     summary = render_summary(results)
     assert "### Stale catalogue entries (1)" in summary
