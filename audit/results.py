@@ -13,6 +13,7 @@ audit.json format history:
   ``symptom``, ``history``; ``catalogue`` lists every entry of the run's regions with
   ``applied`` or ``stale`` and the reason. Per region and overall, ``killed_by_vllm``:
   mutants killed by a test of vLLM's own suite (covering tests run vLLM's first).
+  A mutant of another module than the target carries its ``module`` and ``path``.
 """
 
 from __future__ import annotations
@@ -288,4 +289,5 @@ def _mutant(
         "cached": result.cached,
         "diff": mutant.diff,
         **extra,
+        **({"module": mutant.module, "path": mutant.path} if mutant.module else {}),
     }

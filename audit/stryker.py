@@ -75,18 +75,35 @@ def mutation_report(audit: Mapping[str, Any]) -> dict[str, Any]:
             details={"file": str(target["path"]), "next": "run the audit again"},
         )
     source = raw.decode("utf-8")
-    lines = source.splitlines(keepends=True)
+    files = {
+        _report_path(target): {
+            "language": "python",
+            "source": source,
+            "mutants": [
+                _mutant(m, source.splitlines(keepends=True))
+                for m in audit["mutants"]
+                if not m.get("path")
+            ],
+        }
+    }
+    # Catalogue mutants of another module (the worker's) sit in their own file.
+    for other in sorted({m["path"] for m in audit["mutants"] if m.get("path")}):
+        text = Path(other).read_text(encoding="utf-8")
+        module = next(m["module"] for m in audit["mutants"] if m.get("path") == other)
+        files[module.replace(".", "/") + ".py"] = {
+            "language": "python",
+            "source": text,
+            "mutants": [
+                _mutant(m, text.splitlines(keepends=True))
+                for m in audit["mutants"]
+                if m.get("path") == other
+            ],
+        }
     tool = audit.get("tool", {})
     return {
         "schemaVersion": STRYKER_SCHEMA_VERSION,
         "thresholds": dict(THRESHOLDS),
-        "files": {
-            _report_path(target): {
-                "language": "python",
-                "source": source,
-                "mutants": [_mutant(m, lines) for m in audit["mutants"]],
-            }
-        },
+        "files": files,
         "testFiles": tests_by_file(audit["mutants"]),
         "framework": {
             "name": tool.get("name", "fence-audit"),

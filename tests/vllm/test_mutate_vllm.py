@@ -60,8 +60,13 @@ def test_every_in_region_mutant_is_judged(first_run) -> None:  # type: ignore[no
     mutants = audit["mutants"]
     assert mutants
     assert {m["region"] for m in mutants} == {REGION}
-    assert {m["origin"] for m in mutants} == {"mutmut"}
+    assert {m["origin"] for m in mutants} == {"mutmut", "catalogue"}
+    entries = {e["id"] for e in audit["catalogue"] if e["region"] == REGION}
+    assert entries == {m["id"] for m in mutants if m["origin"] == "catalogue"}
     for mutant in mutants:
+        if mutant["origin"] == "catalogue":
+            assert mutant["title"]
+            assert mutant["verdict"]
         assert mutant["status"] in {"killed", "survived", "timeout", "no_tests"}, mutant
         if mutant["status"] == "killed":
             assert mutant["killed_by"] in mutant["covered_by"]
