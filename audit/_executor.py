@@ -15,6 +15,7 @@ helpers) in it before it forks.
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import json
 import os
@@ -212,6 +213,12 @@ class MutationLoop:
         )
 
     def child(self, items: dict[str, pytest.Item], mutant: dict[str, Any]) -> None:
+        # Every object inherited from the warm parent (vLLM, torch, the collected
+        # session) goes to the permanent generation: the child's collections then
+        # walk only what its tests allocate, not the whole inherited heap (and do
+        # not touch, so copy, its pages). Measured on the sliding_window region,
+        # 49 mutants: mutant phase 17.7 s -> 13.0-13.8 s.
+        gc.freeze()
         code = 0
         started = time.monotonic()
         result: dict[str, Any]

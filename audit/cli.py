@@ -323,7 +323,7 @@ def report_and_gate(
 
 def check_gate(results: AuditResults, gate: GateThresholds, config: Config) -> ExitCode:
     outcome = evaluate(results, gate, (region.name for region in config.regions))
-    if outcome.checks or outcome.not_run:
+    if outcome.checks or outcome.not_run or outcome.overall_skipped:
         print(outcome.render())
     else:
         print("fence-audit: gate: no threshold configured; nothing to check")

@@ -38,6 +38,7 @@ class Check:
 class GateResult:
     checks: tuple[Check, ...]
     not_run: tuple[str, ...] = ()  # regions with a threshold but not in this run
+    overall_skipped: bool = False  # a threshold for the overall score, but a partial run
 
     @property
     def exit_code(self) -> ExitCode:
@@ -50,8 +51,10 @@ class GateResult:
 
     def render(self) -> str:
         lines = [f"fence-audit: gate: {check.render()}" for check in self.checks]
+        if self.overall_skipped:
+            lines.append("fence-audit: gate: score: not checked (the run left out some regions)")
         lines += [
-            f"fence-audit: gate: score of {name}: not checked (the run left the region out)"
+            f"fence-audit: gate: score of {name}: not checked (the run left it out)"
             for name in self.not_run
         ]
         return "\n".join(lines)
@@ -63,7 +66,8 @@ def evaluate(
     """Check ``results``; ``regions`` are the configured region names (a threshold
     naming none of them, nor a region of the results, is a typo: a ConfigError)."""
     present = {region.name for region in results.regions}
-    known = present | set(regions)
+    configured = set(regions)
+    known = present | configured
     unknown = sorted(name for name, _ in thresholds.regions if name not in known)
     if unknown:
         raise ConfigError(
@@ -76,7 +80,10 @@ def evaluate(
         )
     not_run = tuple(name for name, _ in thresholds.regions if name not in present)
     checks = []
-    if thresholds.fail_under > 0:
+    # The overall threshold speaks of every configured region: a run that left some
+    # out (--region) has no overall score to compare.
+    partial = bool(configured - present)
+    if thresholds.fail_under > 0 and not partial:
         checks.append(_score_check("score", results.overall, thresholds.fail_under))
     for name, threshold in thresholds.regions:
         if threshold > 0 and name in present:
@@ -96,7 +103,7 @@ def evaluate(
                     passed_without_timeouts=passed,
                 )
             )
-    return GateResult(tuple(checks), not_run)
+    return GateResult(tuple(checks), not_run, thresholds.fail_under > 0 and partial)
 
 
 def _score_check(name: str, tally: Tally, threshold: float) -> Check:

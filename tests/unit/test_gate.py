@@ -44,9 +44,18 @@ def results_file(tmp_path: Path, *, survivors: int, timeouts: int = 0, killed: i
 
 def gate(path: Path, *args: str) -> int:
     # --config: this project's own pyproject (thresholds) must not leak into the test.
-    empty = path.parent / "pyproject.toml"
-    empty.write_text("[tool.fence-audit]\n")
-    return main(["gate", "--config", str(empty), "--results", str(path), *args])
+    # Its regions are those of the results (a run of every configured region).
+    config = path.parent / "pyproject.toml"
+    config.write_text(regions_table(path))
+    return main(["gate", "--config", str(config), "--results", str(path), *args])
+
+
+def regions_table(path: Path) -> str:
+    names = json.loads(path.read_text())["regions"] if path.is_file() else {"population": 0}
+    return "".join(
+        f'[tool.fence-audit.regions.{name}]\nselect = [{{ function = "Fence.f" }}]\n'
+        for name in names
+    )
 
 
 def test_gate_fails_with_2_when_one_survivor_misses_100(tmp_path: Path) -> None:
@@ -119,14 +128,14 @@ def test_gate_thresholds_come_from_pyproject(tmp_path: Path) -> None:
     pyproject = tmp_path / "pyproject.toml"
     pyproject.write_text(
         "[tool.fence-audit.gate]\nfail-under = 40\nmin-line-coverage = 70\n"
-        "regions = { removal = 30 }\n"
+        "regions = { removal = 30 }\n" + regions_table(DATA)
     )
     config = load_config(pyproject)
     assert config.gate == GateThresholds(40.0, (("removal", 30.0),), 70.0)
     copied = tmp_path / "audit.json"
     copied.write_text(DATA.read_text())
     assert main(["gate", "--config", str(pyproject), "--results", str(copied)]) == 0
-    pyproject.write_text("[tool.fence-audit.gate]\nfail-under = 70\n")
+    pyproject.write_text("[tool.fence-audit.gate]\nfail-under = 70\n" + regions_table(DATA))
     assert main(["gate", "--config", str(pyproject), "--results", str(copied)]) == 2
 
 
@@ -145,3 +154,16 @@ def test_project_gate_is_configured(project_root: Path) -> None:
     gate = load_config(project_root / "pyproject.toml").gate
     assert gate.fail_under > 0
     assert dict(gate.regions).keys() == {"population", "flush", "removal", "sliding_window"}
+
+
+def test_a_run_of_some_regions_checks_only_those(tmp_path: Path) -> None:
+    results = load_results(DATA)  # regions population and removal
+    thresholds = GateThresholds(fail_under=99, regions=(("removal", 30.0), ("flush", 99.0)))
+    outcome = evaluate(results, thresholds, ("population", "removal", "flush"))
+    assert outcome.exit_code == 0  # overall and flush not checked: the run left flush out
+    assert outcome.overall_skipped
+    assert outcome.not_run == ("flush",)
+    assert "score of flush: not checked" in outcome.render()
+    everything = GateThresholds(fail_under=99, regions=(("removal", 30.0),))
+    full = evaluate(results, everything, ("population", "removal"))
+    assert full.exit_code == 2  # every configured region ran: the overall score counts
