@@ -67,6 +67,34 @@ def activate(module_name: str, path: str, qualname: str, text: str) -> None:
     resolve_function(module, qualname).__code__ = mutated
 
 
+def function_text(source: str, edits: tuple[LineEdit, ...], frame: dict[str, Any]) -> str | None:
+    """The mutated function alone, compilable in place of the whole module.
+
+    ``frame`` (from :func:`audit.executor.function_frame`) holds the function's lines
+    and the header lines of its enclosing classes. The text keeps every line where it
+    was (blank lines in between) and the class nesting, so the code object has the
+    same qualified name, line numbers, name mangling and ``__class__`` cell as the
+    module's own; compiling ~100 lines instead of the module's ~2,500 saves tens of
+    milliseconds per mutant. None when an edit reaches outside the function.
+    """
+    start, end = frame["start"], frame["end"]
+    if any(not (start <= e.start and e.end <= end) and e.start != end + 1 for e in edits):
+        return None
+    lines = source.splitlines(keepends=True)
+    body = "".join(lines[start - 1 : end])
+    shifted = tuple(LineEdit(e.start - start + 1, e.end - start + 1, e.new_lines) for e in edits)
+    mutated = apply_edits(body, shifted)
+    parts = [frame["future"]]
+    line = 1 + frame["future"].count("\n")
+    for header_start, header_end in frame["headers"]:
+        parts.append("\n" * (header_start - line))
+        parts.append("".join(lines[header_start - 1 : header_end]))
+        line = header_end + 1
+    parts.append("\n" * (start - line))
+    parts.append(mutated)
+    return "".join(parts)
+
+
 def write_result(results: Path, key: str, result: dict[str, Any]) -> None:
     tmp = results / f".{key}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(result))

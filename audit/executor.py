@@ -14,7 +14,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,6 +79,8 @@ def judge(
     hasher = TestHasher(suite.root)
     verdicts: dict[str, MutantResult] = {}
     pending: list[dict[str, Any]] = []
+    target_source = target.path.read_text(encoding="utf-8")
+    frames: dict[str, dict[str, Any] | None] = {}
     for mutant in mutants:
         if not mutant.covered_by:
             verdicts[mutant.id] = MutantResult(mutant.id, MutantStatus.NO_TESTS)
@@ -96,6 +98,8 @@ def judge(
             mutant.covered_by, key=lambda t: (is_project_test(t), durations.get(t, 0.0), t)
         )
         budgets = {t: options.test_budget(durations.get(t, 0.0)) for t in tests}
+        if not mutant.module and mutant.function not in frames:
+            frames[mutant.function] = function_frame(target_source, mutant.function)
         pending.append(
             {
                 "key": key,
@@ -103,6 +107,7 @@ def judge(
                 "function": mutant.function,
                 "module": mutant.module,
                 "path": mutant.path,
+                "frame": None if mutant.module else frames[mutant.function],
                 "edits": [[e.start, e.end, list(e.new_lines)] for e in mutant.edits],
                 "tests": tests,
                 "budgets": budgets,
@@ -178,6 +183,46 @@ class TestHasher:
             data = path.read_bytes() if path.is_file() else b""
             self._files[path] = hashlib.sha256(data).hexdigest()
         return self._files[path]
+
+
+def function_frame(source: str, qualname: str) -> dict[str, Any] | None:
+    """Where ``qualname`` sits in ``source``: its lines (decorators included), the
+    header lines of its enclosing classes, and the module's ``__future__`` imports;
+    what the executor needs to compile the function alone
+    (:func:`audit._executor.function_text`)."""
+    tree = ast.parse(source)
+    node = find_function(tree, qualname)
+    if node is None:
+        return None
+    headers = []
+    scope: list[ast.stmt] = tree.body
+    for part in qualname.split(".")[:-1]:
+        cls = next((n for n in scope if isinstance(n, ast.ClassDef) and n.name == part), None)
+        if cls is None or cls.decorator_list:
+            return None  # a function nested in a function, or a decorated class
+        headers.append([cls.lineno, cls.body[0].lineno - 1])
+        scope = cls.body
+    # The module's imports come along: CPython compiles ``module.attr()`` differently
+    # when ``module`` is a name bound by an import (LOAD_ATTR, not LOAD_METHOD).
+    imports = [ast.unparse(n) + "\n" for n in _module_imports(tree.body)]
+    future = [line for line in imports if line.startswith("from __future__")]
+    prelude = "".join(future + [line for line in imports if line not in future])
+    start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+    if any(h[0] <= prelude.count("\n") for h in headers) or start <= prelude.count("\n"):
+        return None
+    return {"start": start, "end": node.end_lineno, "headers": headers, "future": prelude}
+
+
+def _module_imports(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """Import statements at module level, also inside top-level if/try blocks."""
+    for stmt in body:
+        if isinstance(stmt, ast.Import | ast.ImportFrom):
+            yield stmt
+        elif isinstance(stmt, ast.If | ast.Try):
+            for block in (stmt.body, stmt.orelse, getattr(stmt, "finalbody", [])):
+                yield from _module_imports(block)
+            for handler in getattr(stmt, "handlers", []):
+                yield from _module_imports(handler.body)
 
 
 def forced_failure(source: str, reference: dict[str, Any]) -> dict[str, Any]:
