@@ -19,13 +19,12 @@ import gc
 import importlib
 import json
 import os
-import select
 import signal
 import sys
 import threading
 import time
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -175,15 +174,6 @@ class MutationLoop:
         )
 
     def run_pool(self, items: dict[str, pytest.Item], mutants: list[dict[str, Any]]) -> None:
-        with child_exits() as wait_for_exit:
-            self._run_pool(items, mutants, wait_for_exit)
-
-    def _run_pool(
-        self,
-        items: dict[str, pytest.Item],
-        mutants: list[dict[str, Any]],
-        wait_for_exit: Callable[[float], None],
-    ) -> None:
         queue: Iterator[dict[str, Any]] = iter(mutants)
         running: dict[int, tuple[dict[str, Any], float, float]] = {}
         jobs = max(1, int(self.spec["jobs"]))
@@ -220,9 +210,7 @@ class MutationLoop:
                         },
                     )
                     emit({"event": "judged", "id": mutant["id"], "status": "timeout"})
-            if running:  # sleep until a child exits or the nearest deadline passes
-                nearest = min(deadline for _, _, deadline in running.values())
-                wait_for_exit(max(0.0, nearest - time.monotonic()) + 0.01)
+            time.sleep(0.005)
 
     def settled(self, mutant: dict[str, Any], status: int, duration: float) -> None:
         result_file = self.results / f"{mutant['key']}.json"
@@ -253,10 +241,6 @@ class MutationLoop:
         )
 
     def child(self, items: dict[str, pytest.Item], mutant: dict[str, Any]) -> None:
-        # The parent's wake-up on SIGCHLD is the parent's: a child's own subprocesses
-        # must not write into its pipe.
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         # Every object inherited from the warm parent (vLLM, torch, the collected
         # session) goes to the permanent generation: the child's collections then
         # walk only what its tests allocate, not the whole inherited heap (and do
@@ -319,34 +303,6 @@ class MutationLoop:
             budget = ", ".join(f"{t} > {budgets[t]:.1f}s" for t in hung)
             return {"status": "timeout", "failure": f"hung: {budget}", "tests_run": run}
         return {"status": "survived", "tests_run": run}
-
-
-@contextlib.contextmanager
-def child_exits() -> Iterator[Callable[[float], None]]:
-    """A wait that returns as soon as a child exits (or after ``timeout`` seconds).
-
-    SIGCHLD wakes a pipe (``signal.set_wakeup_fd``) the wait selects on, so the pool
-    forks the next mutant the moment one ends, rather than at the next poll.
-    """
-    readable, writable = os.pipe()
-    os.set_blocking(readable, False)
-    os.set_blocking(writable, False)
-    previous_fd = signal.set_wakeup_fd(writable)
-    previous_handler = signal.signal(signal.SIGCHLD, lambda signum, frame: None)
-
-    def wait(timeout: float) -> None:
-        ready, _, _ = select.select([readable], [], [], timeout)
-        if ready:
-            with contextlib.suppress(BlockingIOError):
-                os.read(readable, 4096)
-
-    try:
-        yield wait
-    finally:
-        signal.signal(signal.SIGCHLD, previous_handler)
-        signal.set_wakeup_fd(previous_fd)
-        os.close(readable)
-        os.close(writable)
 
 
 class TestHung(BaseException):
