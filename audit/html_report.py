@@ -139,7 +139,14 @@ def render_region(results: AuditResults, region: RegionResult) -> str:
     for function in functions:
         parts.append(_source_table(function, region.name, by_line))
     placed = {line for f in functions for line in range(f.start, f.end + 1)}
-    stray = [m for m in mutants if m.line not in placed]
+    for module in sorted({m.module for m in mutants if m.module}):
+        parts.append(f"<h2>In <code>{escape(module)}</code></h2>")
+        parts.append(
+            "<p>Catalogue entries of another module: no per-line coverage is measured "
+            "there, so every test of the suite judged them.</p>"
+        )
+        parts.extend(_mutant_details(m, ()) for m in mutants if m.module == module)
+    stray = [m for m in mutants if not m.module and m.line not in placed]
     if stray:  # not expected: every mutant lies in a region function; never hide one
         parts.append("<h2>Mutants outside the functions shown</h2>")
         parts.extend(_mutant_details(m, ()) for m in stray)

@@ -45,6 +45,7 @@ class MutantRecord:
     duration_s: float
     diff: str
     cached: bool = False  # the verdict came from the result cache of an earlier run
+    module: str = ""  # another module than the target (catalogue entries of the worker)
     title: str = ""  # catalogue entries: what the bug is
     invariant: str = ""  # catalogue entries: the fence invariant it breaks
     expected: str = ""  # catalogue entries: which suite should kill it
@@ -291,6 +292,7 @@ def _mutant(body: Mapping[str, Any]) -> MutantRecord:
         duration_s=float(body.get("duration_s", 0.0)),
         diff=body.get("diff", ""),
         cached=bool(body.get("cached", False)),
+        module=body.get("module", ""),
         title=body.get("title", ""),
         invariant=body.get("invariant", ""),
         expected=body.get("expected", ""),

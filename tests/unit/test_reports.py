@@ -206,3 +206,16 @@ def test_golden_files_are_current() -> None:
         "summary-compare.md",
         "junit.xml",
     }
+
+
+def test_mutants_of_another_module_get_their_own_section(tmp_path: Path) -> None:
+    document = json.loads(DATA.read_text())
+    worker = document["mutants"][3]  # a removal mutant, moved to another module
+    worker.update(module="toypkg.worker", path="/src/toypkg/worker.py", line=900)
+    path = tmp_path / "audit.json"
+    path.write_text(json.dumps(document))
+    results = load_results(path)
+    page = render_region(results, results.region("removal"))
+    section = page[page.index("<h2>In <code>toypkg.worker</code></h2>") :]
+    assert f'id="{results.mutants[3].anchor}"' in section
+    assert "Mutants outside the functions shown" not in page
