@@ -84,6 +84,7 @@ class Config:
     regions: tuple[RegionSpec, ...]
     gate: GateThresholds = GateThresholds()
     catalogue_dir: Path | None = None  # hand-written mutants, one TOML file each
+    equivalents_file: Path | None = None  # reviewed equivalent mutants, with reasons
 
     def region(self, name: str) -> RegionSpec:
         for region in self.regions:
@@ -105,6 +106,7 @@ _TOP_KEYS = {
     "regions",
     "gate",
     "catalogue",
+    "equivalents",
 }
 _SUITE_KEYS = {"paths", "offline-models"}
 _GATE_KEYS = {"fail-under", "regions", "min-line-coverage"}
@@ -183,6 +185,7 @@ def parse_config(table: dict[str, Any], *, source: str, project_dir: Path) -> Co
         regions=parse_regions(table.get("regions", {}), source),
         gate=parse_gate(table.get("gate", {}), source),
         catalogue_dir=_path(table.get("catalogue"), "catalogue", source, project_dir),
+        equivalents_file=_path(table.get("equivalents"), "equivalents", source, project_dir),
     )
 
 

@@ -30,6 +30,7 @@ STATUS_COLOURS = {
     MutantStatus.TIMEOUT: "#ef6c00",
     MutantStatus.NO_TESTS: "#9e9e9e",
     MutantStatus.ERROR: "#6a1b9a",
+    MutantStatus.EQUIVALENT: "#1565c0",
 }
 STATUS_LABELS = {
     MutantStatus.KILLED: "killed",
@@ -37,6 +38,7 @@ STATUS_LABELS = {
     MutantStatus.TIMEOUT: "timeout",
     MutantStatus.NO_TESTS: "no tests",
     MutantStatus.ERROR: "error",
+    MutantStatus.EQUIVALENT: "equivalent",
 }
 
 CSS = """
@@ -51,7 +53,7 @@ td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
 #score{font-size:3em;font-weight:700;margin:.1em 0}
 .status{font-weight:600;padding:0 .35em;border-radius:3px;color:#fff;white-space:nowrap}
 .s-killed{background:#2e7d32}.s-survived{background:#c62828}.s-timeout{background:#ef6c00}
-.s-no_tests{background:#9e9e9e}.s-error{background:#6a1b9a}.s-stale{background:#455a64}
+.s-no_tests{background:#9e9e9e}.s-error{background:#6a1b9a}.s-stale{background:#455a64}.s-equivalent{background:#1565c0}
 .flag{color:#b71c1c;font-weight:600}
 pre{margin:.3em 0;padding:.5em;background:#f6f8fa;overflow-x:auto;font-size:12.5px}
 code,pre,.src{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
@@ -104,6 +106,14 @@ def render_index(results: AuditResults) -> str:
             "<p>Hand-written fence bugs (<code>mutants/catalogue/</code>): the suite expected "
             "to kill each, and what did.</p>",
             _catalogue_table(results),
+            "</section>",
+        ]
+    if results.equivalents:
+        parts += [
+            f'<section id="equivalents"><h2>Equivalent mutants ({len(results.equivalents)})'
+            "</h2><p>Reviewed in <code>mutants/equivalents.toml</code>: survivors no test can "
+            "kill, outside the score. A verdict expires when its function changes.</p>",
+            _equivalents_table(results),
             "</section>",
         ]
     others = [m for m in results.mutants if m.status is not MutantStatus.SURVIVED]
@@ -349,6 +359,22 @@ def _catalogue_table(results: AuditResults) -> str:
     )
 
 
+def _equivalents_table(results: AuditResults) -> str:
+    rows = []
+    for record in results.equivalents:
+        state = escape(record.state)
+        if record.state != "applied":
+            state = f'<span class="flag">{state}</span>'
+        rows.append(
+            f"<tr><td>{state}</td><td><code>{escape(record.id)}</code></td>"
+            f"<td>{escape(record.reason)}</td><td>{escape(record.reviewed)}</td></tr>"
+        )
+    return (
+        "<table><thead><tr><th>state</th><th>mutant</th><th>why it is equivalent</th>"
+        "<th>reviewed</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
+    )
+
+
 def _source_table(
     function: SourceFunction, region: str, by_line: dict[int, list[MutantRecord]]
 ) -> str:
@@ -394,6 +420,8 @@ def _mutant_details(mutant: MutantRecord, line_tests: tuple[str, ...]) -> str:
             facts.append(("history", escape(mutant.history)))
     else:
         facts.append(("operator", escape(mutant.operator)))
+    if mutant.equivalence:
+        facts.append(("equivalent, because", escape(mutant.equivalence)))
     if mutant.killed_by:
         facts.append(("killed by", f"<code>{escape(mutant.killed_by)}</code>"))
     if mutant.failure:

@@ -78,5 +78,8 @@ def _case(suite: ET.Element, mutant: MutantRecord) -> str:
         error = ET.SubElement(case, "error", message="mutant could not be judged", type="error")
         error.text = mutant.failure
         return "errors"
+    if mutant.status is MutantStatus.EQUIVALENT:
+        ET.SubElement(case, "skipped", message=f"reviewed equivalent: {mutant.equivalence}")
+        return "skipped"
     ET.SubElement(case, "skipped", message="no test of the suite runs the mutated lines")
     return "skipped"

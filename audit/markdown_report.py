@@ -35,6 +35,14 @@ def render_summary(results: AuditResults, previous: AuditResults | None = None) 
         lines += ["No mutant survived.", ""]
     for mutant in survivors:
         lines += _survivor(mutant)
+    if results.equivalents:
+        lines += [f"### Equivalent mutants ({len(results.equivalents)})", ""]
+        lines += [
+            f"- `{e.id}`: {e.state}. {_cell(e.reason)}"
+            + ("" if e.state == "applied" else " **(flagged: the verdict no longer holds)**")
+            for e in results.equivalents
+        ]
+        lines.append("")
     stale = results.stale()
     if stale:
         lines += [f"### Stale catalogue entries ({len(stale)})", ""]
@@ -131,7 +139,7 @@ def _survivor(mutant: MutantRecord) -> list[str]:
     if len(diff) > DIFF_LINES:
         diff = [*diff[:DIFF_LINES], f"... ({len(diff) - DIFF_LINES} more lines in audit.json)"]
     fence = "````" if any(line.startswith("```") for line in diff) else "```"
-    label = f" {_cell(mutant.title)}" if mutant.title else f" ({mutant.operator})"
+    label = f" {mutant.title}" if mutant.title else f" ({mutant.operator})"
     return [
         "<details>",
         f"<summary><code>{_html(mutant.id)}</code>{_html(label)}: {mutant.region}, "
@@ -146,7 +154,8 @@ def _survivor(mutant: MutantRecord) -> list[str]:
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    """Run-derived text in a Markdown line: no table breaks, no HTML (GitHub renders it)."""
+    return _html(text).replace("|", "\\|").replace("\n", " ")
 
 
 def _html(text: str) -> str:

@@ -97,6 +97,7 @@ class MutantStatus(StrEnum):
     TIMEOUT = "timeout"
     NO_TESTS = "no_tests"  # no test of the suite executes the mutated lines
     ERROR = "error"  # the mutant could not be judged (crash, does not compile, ...)
+    EQUIVALENT = "equivalent"  # survived, and reviewed as equivalent (mutants/equivalents.toml)
 
 
 @dataclass(frozen=True, slots=True)

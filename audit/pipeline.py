@@ -19,6 +19,7 @@ from audit.baseline import Suite, WarmSession, stage_suite, start_baseline
 from audit.catalogue import Entry
 from audit.config import Config, SuitePath
 from audit.environment import Fingerprint
+from audit.equivalents import Equivalent, apply_equivalents, load_equivalents
 from audit.errors import ConfigError
 from audit.executor import ExecutorOptions
 from audit.model import (
@@ -47,6 +48,7 @@ class Prepared:
     regions: tuple[Region, ...]
     before: Fingerprint
     catalogue: tuple[Entry, ...] = ()
+    equivalents: tuple[Equivalent, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +97,16 @@ def prepare(config: Config, *, vllm_src: Path | None = None) -> Prepared:
         sha256=environment.sha256_file(path),
     )
     regions = resolve_regions(text, config.regions, filename=str(path))
-    return Prepared(config, vllm, source, target, regions, before, load_entries(config))
+    return Prepared(
+        config,
+        vllm,
+        source,
+        target,
+        regions,
+        before,
+        load_entries(config),
+        load_equivalents(config.equivalents_file),
+    )
 
 
 def load_entries(config: Config) -> tuple[Entry, ...]:
@@ -204,6 +215,7 @@ def _mutate(
             stage.warm,
         )
     duration = time.monotonic() - started
+    verdicts, equivalence = apply_equivalents(mutants, verdicts, hashes, prepared.equivalents)
     after = environment.verify_untouched(prepared.vllm, config.target)
     names = [region.name for region in regions]
     document = results.write_audit(
@@ -215,6 +227,7 @@ def _mutate(
         mutants=mutants,
         verdicts=verdicts,
         catalogue=entries,
+        equivalents=equivalence,
         out_of_region=mutant_set.out_of_region,
         regions=regions,
         coverage=stage.regions,

@@ -25,6 +25,7 @@ STATUS_ORDER = (
     MutantStatus.TIMEOUT,
     MutantStatus.ERROR,
     MutantStatus.NO_TESTS,
+    MutantStatus.EQUIVALENT,
     MutantStatus.KILLED,
 )
 
@@ -46,6 +47,7 @@ class MutantRecord:
     diff: str
     cached: bool = False  # the verdict came from the result cache of an earlier run
     module: str = ""  # another module than the target (catalogue entries of the worker)
+    equivalence: str = ""  # the reviewed reason, for a mutant recorded as equivalent
     title: str = ""  # catalogue entries: what the bug is
     invariant: str = ""  # catalogue entries: the fence invariant it breaks
     expected: str = ""  # catalogue entries: which suite should kill it
@@ -107,6 +109,16 @@ class CatalogueRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class EquivalentRecord:
+    """A reviewed equivalence verdict and what became of it in this run."""
+
+    id: str
+    state: str  # applied, expired, killed, not survived, absent
+    reason: str
+    reviewed: str
+
+
+@dataclass(frozen=True, slots=True)
 class SourceLine:
     number: int
     text: str
@@ -144,6 +156,7 @@ class AuditResults:
     out_of_region: int
     catalogue: tuple[CatalogueRecord, ...] = ()
     overall_killed_by_vllm: int = 0
+    equivalents: tuple[EquivalentRecord, ...] = ()
 
     def stale(self) -> tuple[CatalogueRecord, ...]:
         return tuple(c for c in self.catalogue if c.stale)
@@ -260,6 +273,10 @@ def _results(path: Path, document: Mapping[str, Any]) -> AuditResults:
             )
             for c in document.get("catalogue", ())
         ),
+        equivalents=tuple(
+            EquivalentRecord(e["id"], e["state"], e["reason"], e.get("reviewed", ""))
+            for e in document.get("equivalents", ())
+        ),
         overall_killed_by_vllm=int(
             document["score"].get("killed_by_vllm", document["score"]["killed"])
         ),
@@ -267,7 +284,7 @@ def _results(path: Path, document: Mapping[str, Any]) -> AuditResults:
 
 
 def _tally(body: Mapping[str, Any]) -> Tally:
-    return Tally(**{field: int(body[field]) for field in Tally.__slots__})
+    return Tally(**{field: int(body.get(field, 0)) for field in Tally.__slots__})
 
 
 def _fraction(body: Mapping[str, Any] | None) -> Fraction:
@@ -293,6 +310,7 @@ def _mutant(body: Mapping[str, Any]) -> MutantRecord:
         diff=body.get("diff", ""),
         cached=bool(body.get("cached", False)),
         module=body.get("module", ""),
+        equivalence=body.get("equivalence", ""),
         title=body.get("title", ""),
         invariant=body.get("invariant", ""),
         expected=body.get("expected", ""),

@@ -14,6 +14,9 @@ audit.json format history:
   ``applied`` or ``stale`` and the reason. Per region and overall, ``killed_by_vllm``:
   mutants killed by a test of vLLM's own suite (covering tests run vLLM's first).
   A mutant of another module than the target carries its ``module`` and ``path``.
+  Status ``equivalent`` (a reviewed survivor, outside the score) with the mutant's
+  ``equivalence`` reason; ``equivalents`` lists each record of mutants/equivalents.toml
+  with its state (applied, expired, killed, not survived, absent).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class Tally:
     timeout: int = 0
     no_tests: int = 0
     error: int = 0
+    equivalent: int = 0  # reviewed equivalent survivors: outside the score
 
     @property
     def judged(self) -> int:
@@ -84,8 +88,10 @@ def write_audit(
     duration_s: float,
     engine: str = "fork",
     catalogue: CatalogueMutants | None = None,
+    equivalents: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     tallies = tally_by_region(mutants, verdicts, (r.name for r in regions))
+    reasons = {e["id"]: e["reason"] for e in equivalents or () if e["state"] == "applied"}
     overall = Tally.of(verdicts[m.id].status for m in mutants)
     by_name = {c.name: c for c in coverage}
     test_ids = sorted(set(coverage_map.durations) | {t for m in mutants for t in m.covered_by})
@@ -109,8 +115,9 @@ def write_audit(
         },
         "tests": test_ids,
         "source": _source(target, regions, coverage_map, line_coverage, test_ids),
-        "mutants": [_mutant(m, verdicts[m.id], catalogue) for m in mutants],
+        "mutants": [_mutant(m, verdicts[m.id], catalogue, reasons.get(m.id, "")) for m in mutants],
         "catalogue": _catalogue(catalogue),
+        "equivalents": equivalents or [],
         "out_of_region": [
             {"id": o.id, "function": o.function, "line": o.line} for o in out_of_region
         ],
@@ -120,7 +127,7 @@ def write_audit(
 
 
 def format_scores(tallies: Mapping[str, Tally], overall: Tally) -> str:
-    header = ("region", "killed", "survived", "timeout", "no tests", "error", "score")
+    header = ("region", "killed", "survived", "timeout", "no tests", "error", "equivalent", "score")
     rows = [
         (name, *(str(getattr(t, f)) for f in Tally.__slots__), _percent(t))
         for name, t in [*tallies.items(), ("all", overall)]
@@ -143,6 +150,7 @@ def _score(tally: Tally) -> dict[str, Any]:
         "timeout": tally.timeout,
         "no_tests": tally.no_tests,
         "error": tally.error,
+        "equivalent": tally.equivalent,
         "judged": tally.judged,
         "score": None if tally.score is None else round(tally.score, 2),
     }
@@ -259,12 +267,15 @@ def _catalogue(catalogue: CatalogueMutants | None) -> list[dict[str, Any]]:
 
 
 def _mutant(
-    mutant: Mutant, result: MutantResult, catalogue: CatalogueMutants | None = None
+    mutant: Mutant,
+    result: MutantResult,
+    catalogue: CatalogueMutants | None = None,
+    equivalence: str = "",
 ) -> dict[str, Any]:
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"equivalence": equivalence} if equivalence else {}
     entry = catalogue.entries.get(mutant.id) if catalogue else None
     if entry is not None:
-        extra = {
+        extra |= {
             "title": entry.title,
             "invariant": entry.invariant,
             "expected": entry.expected,

@@ -33,6 +33,7 @@ STATUSES = {
     "timeout": "Timeout",
     "no_tests": "NoCoverage",
     "error": "RuntimeError",
+    "equivalent": "Ignored",
 }
 
 # Lines relative to the function's def line, columns 0-based (audit.mutants.mutant_id).

@@ -116,6 +116,19 @@ def test_catalogue_shows_expected_and_actual_killer_and_stale_entries(
     assert "### Catalogue entries against expectation (2)" in summary
 
 
+def test_equivalents_are_shown_with_reasons_and_flags(results: AuditResults) -> None:
+    page = render_index(results)
+    section = page[page.index('id="equivalents"') : page.index('id="mutants"')]
+    assert "Equivalent mutants (2)" in section
+    assert "adding it once &amp; &lt;nothing&gt; changes." in section
+    assert '<span class="flag">killed</span>' in section
+    summary = render_summary(results)
+    assert "### Equivalent mutants (2)" in summary
+    assert "`Fence.remove:swap_op@3:15-3:24#0`: killed." in summary
+    region = render_region(results, results.region("population"))
+    assert "equivalent, because" in region
+
+
 def test_vllm_alone_score_counts_only_kills_by_vllm_tests(results: AuditResults) -> None:
     population = results.region("population")
     assert population.tally.killed == 2
@@ -131,7 +144,7 @@ def test_junit_lists_each_mutant_and_survivors_as_failures(results: AuditResults
     assert failed == {m.id for m in results.mutants if m.status.value in ("survived", "timeout")}
     assert root.get("failures") == "3"
     assert root.get("errors") == "1"
-    assert root.get("skipped") == "2"  # no tests, and the stale catalogue entry
+    assert root.get("skipped") == "3"  # no tests, the equivalent, the stale catalogue entry
 
 
 def test_index_shows_score_with_its_denominator(results: AuditResults) -> None:

@@ -1,0 +1,85 @@
+"""Reviewed equivalent mutants: applied only to current, surviving mutants."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from audit.equivalents import Equivalent, apply_equivalents, load_equivalents
+from audit.errors import ConfigError
+from audit.model import Mutant, MutantResult, MutantStatus
+
+
+def mutant(identifier: str, function: str = "F.f") -> Mutant:
+    return Mutant(
+        id=identifier,
+        origin="mutmut",
+        region="flush",
+        function=function,
+        operator="swap_op",
+        ordinal=0,
+        line=1,
+        changed_lines=(1,),
+        diff="",
+        edits=(),
+        covered_by=("t",),
+    )
+
+
+def test_each_verdict_gets_a_state_and_only_current_survivors_become_equivalent() -> None:
+    mutants = [mutant("a"), mutant("b"), mutant("c", "F.g"), mutant("d")]
+    verdicts = {
+        "a": MutantResult("a", MutantStatus.SURVIVED),
+        "b": MutantResult("b", MutantStatus.KILLED, killed_by="t"),
+        "c": MutantResult("c", MutantStatus.SURVIVED),
+        "d": MutantResult("d", MutantStatus.TIMEOUT),
+    }
+    hashes = {"F.f": "h1", "F.g": "changed"}
+    records = [
+        Equivalent("a", "h1", "same behaviour", "today"),
+        Equivalent("b", "h1", "wrongly thought equivalent", "today"),
+        Equivalent("c", "h-old", "was equivalent before the function changed", "today"),
+        Equivalent("d", "h1", "hangs either way", "today"),
+        Equivalent("gone", "h1", "a mutant no longer generated", "today"),
+    ]
+    updated, states = apply_equivalents(mutants, verdicts, hashes, records)
+    assert updated["a"].status is MutantStatus.EQUIVALENT
+    assert updated["b"].status is MutantStatus.KILLED
+    assert updated["c"].status is MutantStatus.SURVIVED
+    assert updated["d"].status is MutantStatus.TIMEOUT
+    assert [s["state"] for s in states] == [
+        "applied",
+        "killed",
+        "expired",
+        "not survived",
+        "absent",
+    ]
+
+
+def test_the_projects_equivalents_load_with_reasons(project_root: Path) -> None:
+    records = load_equivalents(project_root / "mutants" / "equivalents.toml")
+    assert records
+    assert all(len(r.reason) > 80 and len(r.function_sha256) == 64 for r in records)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        '[[equivalent]]\nid = "a"\nreason = "r"\nreviewed = "d"\n',  # no function_sha256
+        '[[equivalent]]\nid = "a"\nfunction_sha256 = "h"\nreason = "r"\nreviewed = "d"\nx = 1\n',
+        "equivalent = 3\n",
+        "[[equivalent]\n",
+    ],
+)
+def test_a_broken_equivalents_file_is_a_config_error(tmp_path: Path, body: str) -> None:
+    path = tmp_path / "equivalents.toml"
+    path.write_text(body)
+    with pytest.raises(ConfigError) as error:
+        load_equivalents(path)
+    assert str(path) in error.value.render()
+
+
+def test_no_file_means_no_verdicts(tmp_path: Path) -> None:
+    assert load_equivalents(tmp_path / "missing.toml") == ()
+    assert load_equivalents(None) == ()
