@@ -33,19 +33,9 @@ from _pytest.runner import runtestprotocol
 
 from audit import hermetic, overlay
 from audit.model import PROGRESS, LineEdit, apply_edits
+from audit.regions import find_code
 
 FAILURE_LINES = 15
-
-
-def find_code(code: types.CodeType, qualname: str) -> types.CodeType:
-    """The code object of function ``qualname`` inside a compiled module."""
-    stack = [code]
-    while stack:
-        current = stack.pop()
-        if current.co_qualname == qualname and current is not code:
-            return current
-        stack.extend(c for c in current.co_consts if isinstance(c, types.CodeType))
-    raise LookupError(f"function {qualname} not found in the mutated module")
 
 
 def resolve_function(module: types.ModuleType, qualname: str) -> types.FunctionType:

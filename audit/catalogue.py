@@ -25,7 +25,7 @@ from typing import Literal
 
 from audit.errors import ConfigError
 from audit.model import LineEdit, Mutant, apply_edits
-from audit.regions import FunctionNode, Region, find_function
+from audit.regions import FunctionNode, Region, find_code, find_function
 
 CATALOGUE_FORMAT = 1
 Action = Literal["delete", "replace", "edit", "insert_before", "insert_after", "move_after"]
@@ -375,13 +375,10 @@ def _check_changes_code(source: str, mutated: str, functions: Iterable[str], fil
 
 
 def _code(module: types.CodeType, qualname: str) -> types.CodeType | None:
-    stack = [module]
-    while stack:
-        current = stack.pop()
-        if current.co_qualname == qualname and current is not module:
-            return current
-        stack.extend(c for c in current.co_consts if isinstance(c, types.CodeType))
-    return None
+    try:
+        return find_code(module, qualname)
+    except LookupError:
+        return None
 
 
 def _fingerprint(code: types.CodeType) -> tuple[object, ...]:

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 import coverage
@@ -42,23 +43,44 @@ def build_coverage_map(run: BaselineRun, vllm_version: str) -> CoverageMap:
     )
 
 
-def region_coverage(run: BaselineRun, regions: tuple[Region, ...]) -> tuple[RegionCoverage, ...]:
+@dataclass(frozen=True, slots=True)
+class _Measured:
+    """The target's statements and possible arcs, and what the baseline executed."""
+
+    statements: set[int]
+    exits: dict[int, set[int]]  # line -> the lines control may go to from it
+    executed_lines: set[int]
+    executed_arcs: set[tuple[int, int]]
+    contexts: dict[int, list[str]]
+
+
+def _measured(run: BaselineRun) -> _Measured:
     parser = PythonParser(filename=str(run.target.path))
     parser.parse_source()
     data = coverage.CoverageData(basename=str(run.data_file))
     data.read()
-    executed_lines = set(data.lines(str(run.target.path)) or ())
-    executed_arcs = set(data.arcs(str(run.target.path)) or ())
-    contexts = data.contexts_by_lineno(str(run.target.path))
-
     exits: dict[int, set[int]] = defaultdict(set)
     for source, dest in parser.arcs():
         exits[source].add(dest)
+    path = str(run.target.path)
+    return _Measured(
+        statements=set(parser.statements),
+        exits=exits,
+        executed_lines=set(data.lines(path) or ()),
+        executed_arcs=set(data.arcs(path) or ()),
+        contexts=dict(data.contexts_by_lineno(path)),
+    )
+
+
+def region_coverage(run: BaselineRun, regions: tuple[Region, ...]) -> tuple[RegionCoverage, ...]:
+    measured = _measured(run)
+    executed_lines, executed_arcs = measured.executed_lines, measured.executed_arcs
+    contexts, exits = measured.contexts, measured.exits
     branch_lines = {line for line, dests in exits.items() if len(dests) > 1}
 
     result = []
     for region in regions:
-        statements = sorted(parser.statements & region.lines)
+        statements = sorted(measured.statements & region.lines)
         missed = tuple(line for line in statements if line not in executed_lines)
         branch_total = branch_covered = 0
         for line in branch_lines & set(statements):
@@ -83,17 +105,10 @@ def region_coverage(run: BaselineRun, regions: tuple[Region, ...]) -> tuple[Regi
 def line_coverage(run: BaselineRun) -> dict[int, str]:
     """Each statement line of the target: ``covered``, ``partly`` (run, but a branch
     from it never taken) or ``missed``; lines that are no statement are absent."""
-    parser = PythonParser(filename=str(run.target.path))
-    parser.parse_source()
-    data = coverage.CoverageData(basename=str(run.data_file))
-    data.read()
-    executed = set(data.lines(str(run.target.path)) or ())
-    arcs = set(data.arcs(str(run.target.path)) or ())
-    exits: dict[int, set[int]] = defaultdict(set)
-    for source, dest in parser.arcs():
-        exits[source].add(dest)
+    measured = _measured(run)
+    executed, arcs, exits = measured.executed_lines, measured.executed_arcs, measured.exits
     status = {}
-    for line in parser.statements:
+    for line in measured.statements:
         if line not in executed:
             status[line] = "missed"
         elif len(exits[line]) > 1 and any((line, d) not in arcs for d in exits[line]):
