@@ -14,18 +14,19 @@ and go through the same executor, cache, statuses, reports and gate as mutmut's.
 from __future__ import annotations
 
 import ast
+import functools
 import itertools
 import textwrap
 import tomllib
 import types
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from audit.errors import ConfigError
 from audit.model import LineEdit, Mutant, apply_edits
-from audit.regions import FunctionNode, Region, find_code, find_function
+from audit.regions import FunctionNode, Region, find_code, find_function, walk_statements
 
 CATALOGUE_FORMAT = 1
 Action = Literal["delete", "replace", "edit", "insert_before", "insert_after", "move_after"]
@@ -227,7 +228,7 @@ class _Stale(Exception):
 def apply_entry(entry: Entry, source: str, filename: str) -> Applied | Stale:
     """The entry's edits on ``source``, checked: they apply, compile and change the code."""
     try:
-        tree = ast.parse(source, filename=filename)
+        tree, _ = _original(source, filename)
         lines = source.splitlines()
         edits: list[LineEdit] = []
         touched: set[int] = set()
@@ -303,7 +304,7 @@ def _find_statement(
     def text(stmt: ast.stmt) -> str:
         return "".join("".join(lines[stmt.lineno - 1 : stmt.end_lineno]).split())
 
-    hits = [s for s in _statements(function.body) if wanted in text(s)]
+    hits = [s for s in walk_statements(function.body) if wanted in text(s)]
     innermost = [s for s in hits if not any(o is not s and _inside(o, s) for o in hits)]
     if not innermost:
         raise _Stale(f"no statement of {qualname} contains {anchor!r}")
@@ -331,17 +332,6 @@ def _inside(inner: ast.stmt, outer: ast.stmt) -> bool:
     )
 
 
-def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
-    for stmt in body:
-        yield stmt
-        for name in ("body", "orelse", "finalbody"):
-            block = getattr(stmt, name, None)
-            if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
-                yield from _statements(block)
-        for handler in getattr(stmt, "handlers", []):
-            yield from _statements(handler.body)
-
-
 def _indent(line: str) -> str:
     return line[: len(line) - len(line.lstrip())]
 
@@ -358,6 +348,12 @@ def _check_disjoint(edits: list[LineEdit]) -> None:
             raise _Stale(f"two changes overlap at line {b_start}")
 
 
+@functools.lru_cache(maxsize=4)
+def _original(source: str, filename: str) -> tuple[ast.Module, types.CodeType]:
+    """The audited source parsed and compiled once, for every entry checked against it."""
+    return ast.parse(source, filename=filename), compile(source, filename, "exec")
+
+
 def _check_changes_code(source: str, mutated: str, functions: Iterable[str], filename: str) -> None:
     try:
         compiled = compile(mutated, filename, "exec")
@@ -365,7 +361,7 @@ def _check_changes_code(source: str, mutated: str, functions: Iterable[str], fil
         raise _Stale(
             f"the changed source does not compile: {error.msg} (line {error.lineno})"
         ) from None
-    original = compile(source, filename, "exec")
+    _, original = _original(source, filename)
     for qualname in functions:
         before, after = _code(original, qualname), _code(compiled, qualname)
         if after is None:

@@ -9,6 +9,7 @@ SIGTERM or SIGKILL resumes where it stopped and never reads half a result.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import json
 import os
@@ -25,7 +26,7 @@ from audit.errors import AuditError, ExitCode, MutantsInert
 from audit.hermetic import child_environment, prepare_hf_home
 from audit.model import PROGRESS, LineEdit, Mutant, MutantResult, MutantStatus, Target
 from audit.progress import ProgressBar
-from audit.regions import find_function
+from audit.regions import find_function, first_line
 from audit.results import is_project_test
 
 ENGINE_VERSION = 2  # bump when a verdict's meaning changes: old cache entries then miss
@@ -190,7 +191,7 @@ def function_frame(source: str, qualname: str) -> dict[str, Any] | None:
     header lines of its enclosing classes, and the module's ``__future__`` imports;
     what the executor needs to compile the function alone
     (:func:`audit._executor.function_text`)."""
-    tree = ast.parse(source)
+    tree = _parsed(source)
     node = find_function(tree, qualname)
     if node is None:
         return None
@@ -207,10 +208,16 @@ def function_frame(source: str, qualname: str) -> dict[str, Any] | None:
     imports = [ast.unparse(n) + "\n" for n in _module_imports(tree.body)]
     future = [line for line in imports if line.startswith("from __future__")]
     prelude = "".join(future + [line for line in imports if line not in future])
-    start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+    start = first_line(node)
     if any(h[0] <= prelude.count("\n") for h in headers) or start <= prelude.count("\n"):
         return None
     return {"start": start, "end": node.end_lineno, "headers": headers, "future": prelude}
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed(source: str) -> ast.Module:
+    """A module's tree, parsed once for all the functions judged in it (never mutated)."""
+    return ast.parse(source)
 
 
 def _module_imports(body: list[ast.stmt]) -> Iterator[ast.stmt]:
@@ -232,7 +239,7 @@ def forced_failure(source: str, reference: dict[str, Any]) -> dict[str, Any]:
     function = reference["function"]
     if reference.get("module"):
         source = Path(reference["path"]).read_text(encoding="utf-8")
-    node = find_function(ast.parse(source), function)
+    node = find_function(_parsed(source), function)
     if node is None:
         raise ExecutorFailed(f"forced-fail check: function {function} not found")
     line = node.body[0].lineno

@@ -17,6 +17,7 @@ from audit.model import MutantStatus
 from audit.report_model import (
     STATUS_ORDER,
     AuditResults,
+    Fraction,
     MutantRecord,
     RegionResult,
     SourceFunction,
@@ -93,9 +94,7 @@ def render_index(results: AuditResults) -> str:
         _region_table(results.regions),
         "</section>",
         f'<section id="survivors"><h2>Survivors ({len(survivors)})</h2>',
-        _mutant_table(survivors, empty="No mutant survived.")
-        if survivors
-        else "<p>No mutant survived.</p>",
+        _mutant_table(survivors, empty="No mutant survived."),
         "</section>",
     ]
     if results.catalogue:
@@ -134,7 +133,7 @@ def render_region(results: AuditResults, region: RegionResult) -> str:
         by_line.setdefault(mutant.line, []).append(mutant)
     functions = [f for f in results.functions if region.name in f.regions]
     parts = [
-        _head(f"fence-audit: region {region.name} — vLLM {results.vllm_version}", depth=1),
+        _head(f"fence-audit: region {region.name} — vLLM {results.vllm_version}"),
         '<p><a href="../index.html">← all regions</a></p>',
         f"<h1>Region {escape(region.name)}</h1>",
         f'<p class="meta">{escape(region.description)}</p>',
@@ -171,8 +170,7 @@ def region_file(name: str) -> str:
 # --- pieces ----------------------------------------------------------------------
 
 
-def _head(title: str, depth: int = 0) -> str:
-    del depth  # every page is self-contained: nothing to link relative to the root
+def _head(title: str) -> str:
     return (
         '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
@@ -222,11 +220,10 @@ def _denominator(tally: Tally) -> str:
     )
 
 
-def _fraction(fraction: object) -> str:
-    covered, total = getattr(fraction, "covered", 0), getattr(fraction, "total", 0)
-    percent = getattr(fraction, "percent", None)
+def _fraction(fraction: Fraction) -> str:
+    percent = fraction.percent
     shown = "n/a" if percent is None else f"{percent:.0f}%"
-    return f"{covered}/{total} ({shown})"
+    return f"{fraction.covered}/{fraction.total} ({shown})"
 
 
 def _region_table(regions: Iterable[RegionResult]) -> str:

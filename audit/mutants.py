@@ -90,7 +90,7 @@ def function_hashes(source: str, functions: Iterable[str]) -> dict[str, str]:
     """sha256 of each function's own text: unchanged by edits elsewhere in the file."""
     import ast
 
-    from audit.regions import find_function
+    from audit.regions import find_function, first_line
 
     tree = ast.parse(source)
     lines = source.splitlines(keepends=True)
@@ -99,7 +99,7 @@ def function_hashes(source: str, functions: Iterable[str]) -> dict[str, str]:
         node = find_function(tree, qualname)
         if node is None:
             continue
-        first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+        first = first_line(node)
         text = "".join(lines[first - 1 : node.end_lineno])
         hashes[qualname] = hashlib.sha256(text.encode()).hexdigest()
     return hashes

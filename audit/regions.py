@@ -122,7 +122,7 @@ def _select(function: FunctionNode, selection: Selection, region: str, filename:
         return [Span(selection.function, body[0].lineno, _end(body[-1]), "")]
     spans: list[Span] = []
     for selector in selection.statements:
-        matches = _outermost(stmt for stmt in _statements(body) if _matches(stmt, selector))
+        matches = _outermost(stmt for stmt in walk_statements(body) if _matches(stmt, selector))
         if not matches:
             also = f" containing {selector.containing!r}" if selector.containing else ""
             raise RegionUnresolved(
@@ -152,11 +152,17 @@ def _span(stmt: ast.stmt, selector: StatementSelector, function: str) -> Span:
     return Span(function, stmt.lineno, _end(stmt), selector.match)
 
 
-def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+def walk_statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """Every statement of ``body``, nested ones included, in source order."""
     for stmt in body:
         yield stmt
         for block in _blocks_of(stmt):
-            yield from _statements(block)
+            yield from walk_statements(block)
+
+
+def first_line(node: FunctionNode) -> int:
+    """Where a function's text starts: its first decorator, else its ``def``."""
+    return min([node.lineno, *(d.lineno for d in node.decorator_list)])
 
 
 def _blocks_of(stmt: ast.stmt) -> list[list[ast.stmt]]:

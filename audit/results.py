@@ -33,7 +33,7 @@ from audit.catalogue import CatalogueMutants
 from audit.files import write_json
 from audit.model import CoverageMap, Mutant, MutantResult, MutantStatus, RegionCoverage, Target
 from audit.mutants import OutOfRegion
-from audit.regions import Region, find_function
+from audit.regions import Region, find_function, first_line
 
 AUDIT_FORMAT = 2
 
@@ -187,7 +187,7 @@ def _source(
         node = find_function(tree, name)
         if node is None:
             continue
-        start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+        start = first_line(node)
         end = node.end_lineno or node.lineno
         functions.append(
             {
