@@ -1,0 +1,31 @@
+"""This project's fence suite: the real vLLM scheduler and connector, a fake worker.
+
+vLLM's config objects read ``facebook/opt-125m``'s ``config.json`` from the Hugging
+Face hub. Run by the audit, the suite already has an offline, private HF home; run
+directly (``nox -s tests``, ``pytest tests/fence``), it gets one here, before vLLM
+is imported, in pytest's cache folder.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+if os.environ.get("HF_HUB_OFFLINE") != "1":
+    from audit.hermetic import child_environment, prepare_hf_home
+
+    _cache = Path(__file__).resolve().parents[2] / ".pytest_cache" / "fence-audit"
+    os.environ.update(
+        child_environment(os.environ, prepare_hf_home(_cache, ("facebook/opt-125m",)))
+    )
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/fence/" in item.nodeid:
+            item.add_marker(pytest.mark.vllm)

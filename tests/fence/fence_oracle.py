@@ -1,0 +1,216 @@
+"""The fence's invariants, checked against the scheduler's state after every step.
+
+Numbering follows the fence brief (§7): I1 coverage, I2 same-step completeness, I3
+check ordering, I4 flush before overwrite, I5 exact bookkeeping, I6 no duplicates,
+I7 deferred registration iff finished, I8 sliding-window hygiene, I9 loads never
+register, I10 per-step sets are transient.
+
+Two layers:
+
+* :func:`check_state` needs only an ``OffloadingConnectorScheduler`` between steps,
+  so it can follow any runner, vLLM's own included (I5–I10 and I1 a/b).
+* :class:`FenceOracle` is a ``post_step_fn`` for :class:`fence_harness.FenceEngine`;
+  it adds the step-level checks that need to know what ``schedule()`` handed out
+  (I1 c, I2, I3, I4).
+
+A failure names the invariant, the step, the block and the job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from vllm.v1.kv_offload.base import GPULoadStoreSpec
+
+
+@dataclass(frozen=True)
+class Violation:
+    invariant: str
+    step: int
+    message: str
+    block: int | None = None
+    job: int | None = None
+
+    def __str__(self) -> str:
+        where = "".join(
+            f", {name} {value}"
+            for name, value in (("block", self.block), ("job", self.job))
+            if value is not None
+        )
+        return f"{self.invariant} at step {self.step}{where}: {self.message}"
+
+
+class FenceViolation(AssertionError):
+    def __init__(self, violations: list[Violation]) -> None:
+        self.violations = violations
+        shown = "\n  ".join(str(v) for v in violations[:8])
+        more = f"\n  ... and {len(violations) - 8} more" if len(violations) > 8 else ""
+        super().__init__(f"fence invariants broken:\n  {shown}{more}")
+
+
+def check_state(sched: Any, step: int, *, reset_pending: bool = False) -> list[Violation]:
+    """I1 (a, b), I5, I6, I7, I8 c, I9 and I10 on an OffloadingConnectorScheduler.
+
+    ``reset_pending``: a ``reset_cache`` ran since the last ``build_connector_meta``,
+    so its flush set is still waiting to be delivered (the one allowed carry-over).
+    """
+    found: list[Violation] = []
+    fence: dict[int, set[int]] = sched._block_id_to_pending_jobs
+    jobs: dict[int, Any] = sched._jobs
+    threshold: int = sched._stale_job_threshold
+
+    def add(invariant: str, message: str, block: int | None = None, job: int | None = None) -> None:
+        found.append(Violation(invariant, step, message, block, job))
+
+    actual: set[tuple[int, int]] = set()
+    for block, job_ids in fence.items():
+        if block == 0:
+            add("I8c null block", "the null block is in the fence", block)
+        if not job_ids:
+            add("I5 exact bookkeeping", "the fence keeps an empty set", block)
+        for job_id in job_ids:
+            actual.add((block, job_id))
+            status = jobs.get(job_id)
+            if status is None:
+                add("I5 exact bookkeeping", "the fence names a job that is no longer live", block, job_id)
+            elif job_id < threshold:
+                add("I5 exact bookkeeping", "the fence names a job from before a cache reset", block, job_id)
+            elif not status.is_store:
+                add("I9 loads never register", "a load job is in the fence", block, job_id)
+
+    expected: dict[tuple[int, int], str] = {}
+    for job_id, status in jobs.items():
+        fenced = list(status.fenced_block_ids or ())
+        deferred = list(status.deferred_fence_block_ids or ())
+        if not status.is_store:
+            if fenced or deferred:
+                add("I9 loads never register", "a load job carries fence block lists", job=job_id)
+            continue
+        for name, ids in (("fenced", fenced), ("deferred", deferred)):
+            if len(set(ids)) != len(ids):
+                dupes = sorted({b for b in ids if ids.count(b) > 1})
+                add("I6 no duplicates", f"its {name} list repeats blocks {dupes}", job=job_id)
+            if 0 in ids:
+                add("I8c null block", f"its {name} list holds the null block", 0, job_id)
+        for block in set(fenced) & set(deferred):
+            add("I6 no duplicates", "the block is in both its fenced and deferred lists", block, job_id)
+        req_status = sched._req_status.get(status.req_id)
+        if req_status is None:
+            add("I5 exact bookkeeping", f"its request {status.req_id} is no longer tracked", job=job_id)
+            continue
+        for block in fenced:
+            expected[(block, job_id)] = "fenced at creation"
+        if req_status.req.is_finished():
+            for block in deferred:
+                expected[(block, job_id)] = f"deferred, request {status.req_id} finished"
+        if job_id not in req_status.transfer_jobs:
+            add("I5 exact bookkeeping", f"request {status.req_id} does not list it", job=job_id)
+
+    for block, job_id in sorted(expected.keys() - actual):
+        why = expected[(block, job_id)]
+        invariant = "I1 coverage" if why.startswith("fenced") else "I7 registered iff finished"
+        add(invariant, f"a live store reads it ({why}) but the fence does not hold it", block, job_id)
+    for block, job_id in sorted(actual - expected.keys()):
+        status = jobs.get(job_id)
+        if status is not None and status.is_store:
+            if block in (status.deferred_fence_block_ids or ()):
+                why = f"a deferred block of request {status.req_id}, which has not finished"
+                add("I7 registered iff finished", f"the fence holds {why}", block, job_id)
+            else:
+                add("I5 exact bookkeeping", "the fence holds a block the job does not read", block, job_id)
+
+    if sched._current_batch_jobs_to_flush and not reset_pending:
+        add("I10 transient sets", f"jobs_to_flush survived the step: {sorted(sched._current_batch_jobs_to_flush)}")
+    if sched._current_batch_load_jobs:
+        add("I10 transient sets", "this step's load jobs survived the step")
+    return found
+
+
+class FenceOracle:
+    """A ``post_step_fn`` for :class:`fence_harness.FenceEngine`: every invariant,
+    after every step. ``raise_now=False`` collects violations instead of raising."""
+
+    def __init__(self, *, raise_now: bool = True) -> None:
+        self.raise_now = raise_now
+        self.violations: list[Violation] = []
+
+    def __call__(self, engine: Any) -> None:
+        record = engine.history[-1]
+        found = check_state(engine.connector, record.step, reset_pending=engine.reset_since_last_step)
+        found += self._check_step(engine, record)
+        self.violations += found
+        if found and self.raise_now:
+            raise FenceViolation(found)
+
+    def _check_step(self, engine: Any, record: Any) -> list[Violation]:
+        found: list[Violation] = []
+        step = record.step
+        flushed = record.jobs_to_flush
+
+        # I1 (b) + I2: a fenced block handed out this step flushes every job fencing it.
+        for block, places in sorted(record.allocated.items()):
+            for job_id in sorted(record.fence_before.get(block, ())):
+                if job_id not in flushed:
+                    found.append(
+                        Violation(
+                            "I1/I2 flush on reuse",
+                            step,
+                            f"handed to {_places(places)} while job {job_id} still stores "
+                            "it, and the job is not in jobs_to_flush",
+                            block,
+                            job_id,
+                        )
+                    )
+        # I1 (c): a preempted request's in-flight jobs are all flushed.
+        for req_id in record.output.preempted_req_ids or ():
+            for job_id in sorted(record.jobs_before.get(req_id, ())):
+                if job_id in engine.store_jobs and job_id not in flushed:
+                    found.append(
+                        Violation(
+                            "I1c preemption flush",
+                            step,
+                            f"request {req_id} was preempted but its store is not flushed",
+                            job=job_id,
+                        )
+                    )
+        # I3: a store created this step that reads a block its request no longer holds,
+        # and that this step handed to another place, copies data the forward pass is
+        # about to overwrite, unless flushed now. (A block shared through the prefix
+        # cache, still held by the job's request, holds the same data: no hazard.)
+        tables = engine.block_tables()
+        for job_id, job in sorted(record.store_jobs.items()):
+            for block, place in _store_places(job):
+                others = record.allocated.get(block, set()) - {place}
+                if others and tables.get(place) != block and job_id not in flushed:
+                    found.append(
+                        Violation(
+                            "I3 same-step reuse",
+                            step,
+                            f"created this step reading {_places({place})}, but this step "
+                            f"handed the block to {_places(others)} and the job is not flushed",
+                            block,
+                            job_id,
+                        )
+                    )
+        # I4: every flushed job was submitted and has completed before the forward pass.
+        for job_id in sorted(flushed):
+            if job_id in engine.worker.in_flight:
+                found.append(Violation("I4 flush before overwrite", step, "flushed but still in flight", job=job_id))
+        return found
+
+
+def _store_places(job: Any) -> Iterable[tuple[int, tuple[str, int, int]]]:
+    spec = job.src_spec
+    assert isinstance(spec, GPULoadStoreSpec)
+    ids = [int(b) for b in spec.block_ids]
+    offset = 0
+    for group, (size, first) in enumerate(zip(spec.group_sizes, spec.block_indices)):
+        for k in range(size):
+            yield ids[offset + k], (job.req_id, group, first + k)
+        offset += size
+
+
+def _places(places: Iterable[tuple[str, int, int]]) -> str:
+    return ", ".join(f"request {r} group {g} block index {i}" for r, g, i in sorted(places))

@@ -1,0 +1,196 @@
+"""Random workloads over the real scheduler, with the oracle after every step.
+
+Hypothesis drives a rule-based state machine: requests of random lengths arrive
+(some sharing a prefix, so the GPU prefix cache and the CPU tier both hit), steps
+run, requests are aborted or preempted, transfers complete after random delays or
+are held, caches are reset; pools and the CPU tier are tight. After every step the
+oracle (``fence_oracle``) checks the invariants and the harness checks that no block
+is overwritten while a store still reads it. At the end every transfer is released
+and the fence must drain to nothing.
+
+Profiles (``HYPOTHESIS_PROFILE``): ``ci`` (default; derandomized, bounded, no
+example database) and ``long`` (many more, longer programs, for a local hunt).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from typing import Any
+
+from fence_harness import FenceEngine
+from fence_oracle import FenceOracle
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+settings.register_profile(
+    "ci",
+    max_examples=25,
+    stateful_step_count=25,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    print_blob=True,
+)
+settings.register_profile(
+    "long",
+    max_examples=2000,
+    stateful_step_count=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile(
+    "dev", parent=settings.get_profile("ci"), phases=[Phase.explicit, Phase.generate]
+)
+PROFILE = settings.get_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+BLOCK = 4
+# Prompts are a shared prefix (or not) plus a private tail, so that requests hit
+# each other's blocks in the GPU prefix cache and in the CPU tier.
+PREFIXES = [(), tuple(range(1, 9)), tuple(range(1, 5)), tuple(range(100, 112))]
+
+
+MAX_TAIL = 10
+MAX_TOKENS = 10
+
+
+def _fitting_pool(layout: str) -> int:
+    """The smallest pool that fits the longest request alone (plus the null block),
+    so that every request can run; more requests than that compete and preempt."""
+    longest = max(map(len, PREFIXES)) + MAX_TAIL + MAX_TOKENS
+    full = -(-longest // BLOCK)
+    sliding = 2 + 2  # the window (2 blocks) and the blocks a step straddles
+    return 1 + {"full": full, "sliding": sliding, "mixed": full + sliding}[layout]
+
+
+class FenceMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.engine: FenceEngine | None = None
+        self.oracle = FenceOracle()
+        self.next_tail = 1000
+
+    @precondition(lambda self: self.engine is None)
+    @rule(
+        layout=st.sampled_from(["full", "sliding", "mixed"]),
+        async_scheduling=st.booleans(),
+        spare_blocks=st.integers(0, 12),
+        cpu_chunks=st.integers(1, 24),
+        workers=st.sampled_from([1, 1, 2]),
+        blocks_per_chunk=st.sampled_from([1, 1, 2]),
+        delays=st.lists(st.one_of(st.none(), st.integers(0, 4)), min_size=1, max_size=8),
+        seed=st.integers(0, 2**16),
+    )
+    def start(
+        self,
+        layout: Any,
+        async_scheduling: bool,
+        spare_blocks: int,
+        cpu_chunks: int,
+        workers: int,
+        blocks_per_chunk: int,
+        delays: list[int | None],
+        seed: int,
+    ) -> None:
+        rng = random.Random(seed)
+
+        def delay(job_id: int, is_store: bool) -> int | None:
+            return rng.choice(delays)
+
+        self.engine = FenceEngine(
+            block_size=BLOCK,
+            num_gpu_blocks=_fitting_pool(layout) + spare_blocks,
+            layout=layout,
+            window_blocks=2,
+            blocks_per_chunk=blocks_per_chunk,
+            async_scheduling=async_scheduling,
+            cpu_chunks=cpu_chunks,
+            workers=workers,
+            delay=delay,
+            post_step_fns=[self.oracle],
+        )
+
+    def _live(self) -> bool:
+        return self.engine is not None
+
+    @precondition(_live)
+    @rule(
+        prefix=st.sampled_from(PREFIXES),
+        tail=st.integers(0, MAX_TAIL),
+        max_tokens=st.integers(1, MAX_TOKENS),
+    )
+    def add_request(self, prefix: tuple[int, ...], tail: int, max_tokens: int) -> None:
+        assert self.engine is not None
+        prompt = list(prefix) + list(range(self.next_tail, self.next_tail + tail))
+        self.next_tail += tail
+        if not prompt:
+            prompt = [self.next_tail]
+            self.next_tail += 1
+        self.engine.add_request(prompt, max_tokens)
+
+    @precondition(_live)
+    @rule(steps=st.integers(1, 4))
+    def step(self, steps: int) -> None:
+        assert self.engine is not None
+        for _ in range(steps):
+            self.engine.step()
+
+    @precondition(_live)
+    @rule(data=st.data())
+    def abort(self, data: st.DataObject) -> None:
+        assert self.engine is not None
+        alive = sorted(r for r, q in self.engine.requests.items() if not q.is_finished())
+        if alive:
+            self.engine.abort(data.draw(st.sampled_from(alive)))
+
+    def _can_reset(self) -> bool:
+        # A reset while a sliding-window request runs trips a real vLLM 0.33.0 bug
+        # (docs/vllm-bug-reset-sliding-window.md; test_reset_rewinds_sliding_window_to_stale_ids
+        # keeps it as an expected failure): the random workloads leave it out so
+        # that they keep hunting for other failures.
+        engine = self.engine
+        if engine is None or engine.reset_since_last_step:
+            return False
+        return engine.layout == "full" or not engine.scheduler.has_unfinished_requests()
+
+    @precondition(_can_reset)
+    @rule()
+    def reset_cache(self) -> None:
+        assert self.engine is not None
+        self.engine.reset_cache()
+
+    @precondition(_live)
+    @rule()
+    def release_held(self) -> None:
+        assert self.engine is not None
+        self.engine.worker.release()
+
+    @invariant()
+    def no_content_violation(self) -> None:
+        if self.engine is not None:
+            assert not self.engine.contents.violations
+
+    def teardown(self) -> None:
+        engine = self.engine
+        if engine is None or engine.contents.violations or self.oracle.violations:
+            return  # already failed; stepping on would only add noise
+        engine.drain()
+        assert engine.fence == {}, f"the fence did not drain: {engine.fence}"
+        assert not engine.connector._jobs
+
+
+def run_machine(profile: settings = PROFILE) -> None:
+    run_state_machine_as_test(FenceMachine, settings=profile)
+
+
+def test_random_workloads_keep_every_fence_invariant() -> None:
+    run_machine()
+
