@@ -749,7 +749,7 @@ def _vllm_config(
 ) -> VllmConfig:
     model = ModelConfig(model=MODEL, dtype="float16", seed=0)
     scheduler = SchedulerConfig(
-        max_num_seqs=16,
+        max_num_seqs=min(16, max_num_batched_tokens),
         max_num_batched_tokens=max_num_batched_tokens,
         max_model_len=4096,
         enable_chunked_prefill=True,

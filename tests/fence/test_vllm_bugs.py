@@ -1,0 +1,67 @@
+"""Real vLLM 0.33.0 fence bugs this suite found, kept as expected failures.
+
+Each is written up for vLLM's maintainers in ``docs/``; when vLLM fixes one, its
+test starts to pass, ``xfail_strict`` turns that into a failure, and the marker
+comes off.
+"""
+
+from __future__ import annotations
+
+import pytest
+from fence_harness import ContentViolation, FenceEngine
+from fence_oracle import FenceOracle
+
+REPORT = "docs/vllm-bug-reset-sliding-window.md"
+
+
+def _sliding_window_request_past_its_window(async_scheduling: bool, layout: str) -> FenceEngine:
+    """One request on a sliding-window group (window: 2 blocks of 4 tokens) in a
+    pool of 4 usable blocks. Its prompt's first block (id 1) is stored; decoding
+    moves the window on, vLLM frees block 1, and hands it back to the same request
+    for a later position. The connector's copy of the request's block ids still
+    holds 1 at position 0: harmless while position 0 counts as stored."""
+    e = FenceEngine(
+        num_gpu_blocks=5 if layout == "sliding" else 12,
+        layout=layout,  # type: ignore[arg-type]
+        window_blocks=2,
+        async_scheduling=async_scheduling,
+        post_step_fns=[FenceOracle()],
+    )
+    e.add_request(range(1, 9), 16, req_id="a")
+    stored_first = e.connector._req_status["a"].group_states[-1].block_ids
+    for _ in range(40):
+        e.step()
+        sliding = e.scheduler.kv_cache_manager.get_block_ids("a")[-1]
+        if stored_first[0] in sliding[1:]:
+            return e  # the block of position 0 now backs a later position
+    raise AssertionError("the pool never handed position 0's block back")
+
+
+@pytest.mark.parametrize("layout", ["sliding", "mixed"])
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_sliding_window_request_runs_clean_without_reset(async_scheduling: bool, layout: str) -> None:
+    """The control: the same workload, no reset, no violation."""
+    e = _sliding_window_request_past_its_window(async_scheduling, layout)
+    e.drain()
+    assert e.fence == {}
+
+
+@pytest.mark.xfail(
+    raises=ContentViolation,
+    strict=True,
+    reason=(
+        "vLLM 0.33.0: _reset_cache rewinds next_stored_chunk_idx to 0 for running "
+        "requests, but sliding-window block ids below the old start were never zeroed "
+        "when vLLM freed and re-allocated them; the re-offload stores another "
+        f"position's KV under position 0's key (see {REPORT})"
+    ),
+)
+@pytest.mark.parametrize("layout", ["sliding", "mixed"])
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_reset_cache_does_not_store_a_reused_sliding_window_block(
+    async_scheduling: bool, layout: str
+) -> None:
+    e = _sliding_window_request_past_its_window(async_scheduling, layout)
+    e.reset_cache()  # the engine's reset_prefix_cache(reset_connector=True)
+    e.drain()
+
