@@ -1,0 +1,109 @@
+"""Sliding-window filtering: which blocks are stored, and which stale ids never are.
+
+The store and load sets below were pinned on vLLM 0.33.0 (as vLLM's own tests pin
+theirs): a change in them is a change in what the connector offloads, to be looked
+at, not silently accepted.
+"""
+
+from __future__ import annotations
+
+import pytest
+from fence_harness import FenceEngine
+from fence_oracle import FenceOracle
+
+A = list(range(1, 25))  # 24 tokens: 6 blocks of 4
+
+
+def _run_a_then_b(
+    layout: str, blocks_per_chunk: int, async_scheduling: bool, cpu_chunks: int
+) -> FenceEngine:
+    """Request a (24-token prompt, 4 new tokens) runs with its first store held until
+    its last decode step, so that with a one-chunk CPU tier its other stores are
+    refused (``prepare_store`` returns None) while its window moves on. Then the
+    GPU prefix cache is emptied and b, with a's prompt, looks a up in the CPU tier."""
+    e = FenceEngine(
+        num_gpu_blocks=8 if layout == "sliding" else 16,
+        layout=layout,  # type: ignore[arg-type]
+        window_blocks=2,
+        blocks_per_chunk=blocks_per_chunk,
+        cpu_chunks=cpu_chunks,
+        max_num_batched_tokens=4 * blocks_per_chunk,
+        delay=lambda job_id, is_store: None if job_id == 0 else 0,
+        async_scheduling=async_scheduling,
+        post_step_fns=[FenceOracle()],
+    )
+    e.add_request(A, 4, req_id="a")
+    while not e.requests["a"].is_finished():
+        if len(e.requests["a"].output_token_ids) >= 3:
+            e.worker.release()
+        e.step()
+    e.drain()
+    assert e.scheduler.reset_prefix_cache()
+    e.add_request(A, 2, req_id="b")
+    e.run()
+    e.drain()
+    assert e.fence == {} and not e.connector._jobs
+    return e
+
+
+def _full(request: str, indices: range) -> list[tuple[str, int, int]]:
+    return [(request, 0, i) for i in indices]
+
+
+PINNED = {
+    # (layout, blocks per chunk, async, CPU chunks): (stored, loaded)
+    ("sliding", 1, False, 1): (
+        [("a", 0, 3), ("a", 0, 4), ("b", 0, 3), ("b", 0, 4)],
+        [],
+    ),
+    ("sliding", 1, False, 16): ([("a", 0, 3), ("a", 0, 4)], [("b", 0, 3), ("b", 0, 4)]),
+    ("sliding", 1, True, 1): ([("a", 0, 3), ("b", 0, 4)], []),
+    ("sliding", 2, False, 1): ([("a", 0, 2), ("a", 0, 3)], [("b", 0, 2), ("b", 0, 3)]),
+    ("sliding", 2, True, 16): ([("a", 0, 2), ("a", 0, 3)], [("b", 0, 2), ("b", 0, 3)]),
+    ("mixed", 1, False, 1): ([("a", 0, 0), ("b", 0, 1)], []),
+    ("mixed", 1, True, 16): (
+        _full("a", range(6)) + [("a", 1, 3), ("a", 1, 4)],
+        _full("b", range(5)) + [("b", 1, 3), ("b", 1, 4)],
+    ),
+    ("mixed", 2, False, 16): (
+        _full("a", range(6)) + [("a", 1, 2), ("a", 1, 3)],
+        _full("b", range(4)) + [("b", 1, 2), ("b", 1, 3)],
+    ),
+}
+
+
+@pytest.mark.parametrize(("case", "expected"), PINNED.items(), ids=lambda v: "-".join(map(str, v)) if isinstance(v, tuple) and len(v) == 4 else "")
+def test_stored_and_loaded_blocks_are_pinned(case: tuple, expected: tuple) -> None:
+    e = _run_a_then_b(*case)
+    stored, loaded = expected
+    assert sorted(e.stored_positions()) == stored
+    assert sorted(e.loaded_positions()) == loaded
+
+
+def test_tail_block_of_a_finished_request_reused_in_the_same_step_is_not_stored() -> None:
+    """The step after a finishes builds a's last sliding-window store; that same step
+    hands one of a's freed blocks to b. The zeroing walks every tracked request, the
+    finished one included, so the reused block is dropped from a's store (M-D5)."""
+    e = FenceEngine(
+        num_gpu_blocks=8,
+        layout="sliding",
+        window_blocks=2,
+        cpu_chunks=1,
+        max_num_batched_tokens=4,
+        delay=lambda job_id, is_store: None if job_id == 0 else 0,
+        post_step_fns=[FenceOracle()],
+    )
+    e.add_request(A, 4, req_id="a")
+    while not e.requests["a"].is_finished():
+        if len(e.requests["a"].output_token_ids) >= 3:
+            e.worker.release()
+        e.step()
+    tail = list(e.connector._req_status["a"].group_states[0].block_ids)
+    e.add_request(range(500, 504), 2, req_id="b")
+    record = e.step()
+    reused = {i for i, block in enumerate(tail) if block in record.allocated and i >= 4}
+    assert reused, "b did not take a block of a's unstored tail"
+    e.drain()
+    stored = {i for r, _, i in e.stored_positions() if r == "a"}
+    assert stored & reused == set()
+    assert 4 in stored
