@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
-
 from vllm import SamplingParams
 from vllm.config import (
     CacheConfig,
@@ -59,7 +58,6 @@ from vllm.v1.kv_cache_interface import (
 from vllm.v1.kv_offload.base import (
     CanonicalKVCaches,
     GPULoadStoreSpec,
-    LoadStoreSpec,
     OffloadingManager,
     OffloadingSpec,
     OffloadingWorker,
@@ -113,7 +111,8 @@ class FakeTransferWorker(OffloadingWorker):
 
     def _submit(self, job_id: int, is_store: bool, gpu: Any, cpu: Any) -> bool:
         assert self.engine is not None
-        assert isinstance(gpu, GPULoadStoreSpec) and isinstance(cpu, CPULoadStoreSpec)
+        assert isinstance(gpu, GPULoadStoreSpec)
+        assert isinstance(cpu, CPULoadStoreSpec)
         if job_id in self.submitted:
             raise AssertionError(f"job {job_id} submitted twice to the worker")
         transfer = Transfer(
@@ -234,7 +233,7 @@ class Contents:
         block_ids = [int(b) for b in gpu.block_ids]
         chunk_ids = [int(c) for c in cpu.block_ids]
         offset = chunk_offset = 0
-        for group, (size, first) in enumerate(zip(gpu.group_sizes, gpu.block_indices)):
+        for group, (size, first) in enumerate(zip(gpu.group_sizes, gpu.block_indices, strict=True)):
             for k in range(size):
                 index = first + k
                 chunk = chunk_offset + index // bpc - first // bpc
@@ -252,7 +251,9 @@ class Contents:
         for group, index, block_id, _ in self._positions(transfer.gpu, transfer.cpu):
             where = f"request {job.req_id}, group {group}, block index {index}"
             if block_id == 0:
-                self._fail(f"step {step}: store job {transfer.job_id} reads the null block ({where})")
+                self._fail(
+                    f"step {step}: store job {transfer.job_id} reads the null block ({where})"
+                )
                 continue
             expected = self.expected_tag(job.req_id, index)
             actual = self.resolve(self.gpu.get(block_id))
@@ -267,7 +268,7 @@ class Contents:
             )
 
     def finish_store(self, transfer: Transfer, step: int) -> None:
-        for _, index, block_id, address in self._positions(transfer.gpu, transfer.cpu):
+        for _, _index, block_id, address in self._positions(transfer.gpu, transfer.cpu):
             reads = self.reading.get(block_id, [])
             for read in [r for r in reads if r.job_id == transfer.job_id]:
                 reads.remove(read)
@@ -446,9 +447,7 @@ class FenceEngine:
         assert connector.connector_scheduler is not None
         self.connector = connector.connector_scheduler
 
-        self.worker_connector = OffloadingConnector(
-            config, KVConnectorRole.WORKER, kv_cache_config
-        )
+        self.worker_connector = OffloadingConnector(config, KVConnectorRole.WORKER, kv_cache_config)
         caches = {
             name: torch.zeros(num_gpu_blocks, 2, block_size, 1, 1, dtype=torch.float32)
             for g in groups
@@ -471,7 +470,9 @@ class FenceEngine:
     # -- configuration hooks -----------------------------------------------------
 
     def delay_of(self, job_id: int) -> Delay:
-        return self._delay(job_id, job_id in self.store_jobs) if callable(self._delay) else self._delay
+        return (
+            self._delay(job_id, job_id in self.store_jobs) if callable(self._delay) else self._delay
+        )
 
     @property
     def fence(self) -> dict[int, set[int]]:
@@ -479,9 +480,7 @@ class FenceEngine:
 
     # -- requests ------------------------------------------------------------------
 
-    def add_request(
-        self, prompt: Sequence[int], max_tokens: int, req_id: str | None = None
-    ) -> str:
+    def add_request(self, prompt: Sequence[int], max_tokens: int, req_id: str | None = None) -> str:
         req_id = req_id if req_id is not None else f"r{next(self._ids)}"
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
         request = Request(
@@ -517,9 +516,11 @@ class FenceEngine:
 
     def _held_only(self) -> bool:
         """Nothing can progress without the test: every transfer left is held."""
-        return not self._echo and all(
-            t.remaining is None for t in self.worker.in_flight.values()
-        ) and not (self.connector._jobs.keys() - self.worker.in_flight.keys())
+        return (
+            not self._echo
+            and all(t.remaining is None for t in self.worker.in_flight.values())
+            and not (self.connector._jobs.keys() - self.worker.in_flight.keys())
+        )
 
     def busy(self) -> bool:
         """Whether the engine would take another step: requests, or the connector's
@@ -559,9 +560,7 @@ class FenceEngine:
         step = self.step_no
         before = self.block_tables()
         fence_before = {b: frozenset(j) for b, j in self.fence.items()}
-        jobs_before = {
-            r: frozenset(s.transfer_jobs) for r, s in self.connector._req_status.items()
-        }
+        jobs_before = {r: frozenset(s.transfer_jobs) for r, s in self.connector._req_status.items()}
         output = self.scheduler.schedule()
         allocated: dict[int, set[tuple[str, int, int]]] = {}
         for key, block in self.block_tables().items():
@@ -728,7 +727,7 @@ def _token(req_id: str, position: int) -> int:
 
 
 def _kv_cache_groups(layout: Layout, block_size: int, window_blocks: int) -> list[KVCacheGroupSpec]:
-    common = dict(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    common = {"block_size": block_size, "num_kv_heads": 1, "head_size": 1, "dtype": torch.float32}
     full = KVCacheGroupSpec(["full"], FullAttentionSpec(**common))  # type: ignore[arg-type]
     sliding = KVCacheGroupSpec(
         ["sliding"],

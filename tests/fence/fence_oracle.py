@@ -8,7 +8,7 @@ register, I10 per-step sets are transient.
 Two layers:
 
 * :func:`check_state` needs only an ``OffloadingConnectorScheduler`` between steps,
-  so it can follow any runner, vLLM's own included (I5–I10 and I1 a/b).
+  so it can follow any runner, vLLM's own included (I5 to I10, and I1 a and b).
 * :class:`FenceOracle` is a ``post_step_fn`` for :class:`fence_harness.FenceEngine`;
   it adds the step-level checks that need to know what ``schedule()`` handed out
   (I1 c, I2, I3, I4).
@@ -56,76 +56,106 @@ def check_state(sched: Any, step: int, *, reset_pending: bool = False) -> list[V
     ``reset_pending``: a ``reset_cache`` ran since the last ``build_connector_meta``,
     so its flush set is still waiting to be delivered (the one allowed carry-over).
     """
-    found: list[Violation] = []
-    fence: dict[int, set[int]] = sched._block_id_to_pending_jobs
-    jobs: dict[int, Any] = sched._jobs
-    threshold: int = sched._stale_job_threshold
+    checks = _StateChecks(sched, step)
+    actual = checks.fence_entries()
+    expected = checks.live_jobs()
+    checks.compare(expected, actual)
+    if sched._current_batch_jobs_to_flush and not reset_pending:
+        leftover = sorted(sched._current_batch_jobs_to_flush)
+        checks.add("I10 transient sets", f"jobs_to_flush survived the step: {leftover}")
+    if sched._current_batch_load_jobs:
+        checks.add("I10 transient sets", "this step's load jobs survived the step")
+    return checks.found
 
-    def add(invariant: str, message: str, block: int | None = None, job: int | None = None) -> None:
-        found.append(Violation(invariant, step, message, block, job))
 
-    actual: set[tuple[int, int]] = set()
-    for block, job_ids in fence.items():
-        if block == 0:
-            add("I8c null block", "the null block is in the fence", block)
-        if not job_ids:
-            add("I5 exact bookkeeping", "the fence keeps an empty set", block)
-        for job_id in job_ids:
-            actual.add((block, job_id))
-            status = jobs.get(job_id)
-            if status is None:
-                add("I5 exact bookkeeping", "the fence names a job that is no longer live", block, job_id)
-            elif job_id < threshold:
-                add("I5 exact bookkeeping", "the fence names a job from before a cache reset", block, job_id)
-            elif not status.is_store:
-                add("I9 loads never register", "a load job is in the fence", block, job_id)
+class _StateChecks:
+    def __init__(self, sched: Any, step: int) -> None:
+        self.sched = sched
+        self.step = step
+        self.found: list[Violation] = []
 
-    expected: dict[tuple[int, int], str] = {}
-    for job_id, status in jobs.items():
-        fenced = list(status.fenced_block_ids or ())
-        deferred = list(status.deferred_fence_block_ids or ())
-        if not status.is_store:
-            if fenced or deferred:
-                add("I9 loads never register", "a load job carries fence block lists", job=job_id)
-            continue
+    def add(
+        self, invariant: str, message: str, block: int | None = None, job: int | None = None
+    ) -> None:
+        self.found.append(Violation(invariant, self.step, message, block, job))
+
+    def fence_entries(self) -> set[tuple[int, int]]:
+        """Each (block, job) the fence holds; I5, I8 c and I9 on the fence itself."""
+        jobs: dict[int, Any] = self.sched._jobs
+        actual: set[tuple[int, int]] = set()
+        for block, job_ids in self.sched._block_id_to_pending_jobs.items():
+            if block == 0:
+                self.add("I8c null block", "the null block is in the fence", block)
+            if not job_ids:
+                self.add("I5 exact bookkeeping", "the fence keeps an empty set", block)
+            for job_id in job_ids:
+                actual.add((block, job_id))
+                status = jobs.get(job_id)
+                if status is None:
+                    why = "the fence names a job that is no longer live"
+                    self.add("I5 exact bookkeeping", why, block, job_id)
+                elif job_id < self.sched._stale_job_threshold:
+                    why = "the fence names a job from before a cache reset"
+                    self.add("I5 exact bookkeeping", why, block, job_id)
+                elif not status.is_store:
+                    self.add("I9 loads never register", "a load job is in the fence", block, job_id)
+        return actual
+
+    def live_jobs(self) -> dict[tuple[int, int], str]:
+        """Each (block, job) the fence must hold, and why; I6, I8 c, I9 on the jobs."""
+        expected: dict[tuple[int, int], str] = {}
+        for job_id, status in self.sched._jobs.items():
+            fenced = list(status.fenced_block_ids or ())
+            deferred = list(status.deferred_fence_block_ids or ())
+            if not status.is_store:
+                if fenced or deferred:
+                    why = "a load job carries fence block lists"
+                    self.add("I9 loads never register", why, job=job_id)
+                continue
+            self._lists(job_id, fenced, deferred)
+            req_status = self.sched._req_status.get(status.req_id)
+            if req_status is None:
+                why = f"its request {status.req_id} is no longer tracked"
+                self.add("I5 exact bookkeeping", why, job=job_id)
+                continue
+            if job_id not in req_status.transfer_jobs:
+                why = f"request {status.req_id} does not list it"
+                self.add("I5 exact bookkeeping", why, job=job_id)
+            for block in fenced:
+                expected[(block, job_id)] = "fenced at creation"
+            if req_status.req.is_finished():
+                for block in deferred:
+                    expected[(block, job_id)] = f"deferred, request {status.req_id} finished"
+        return expected
+
+    def _lists(self, job_id: int, fenced: list[int], deferred: list[int]) -> None:
         for name, ids in (("fenced", fenced), ("deferred", deferred)):
             if len(set(ids)) != len(ids):
                 dupes = sorted({b for b in ids if ids.count(b) > 1})
-                add("I6 no duplicates", f"its {name} list repeats blocks {dupes}", job=job_id)
+                self.add("I6 no duplicates", f"its {name} list repeats blocks {dupes}", job=job_id)
             if 0 in ids:
-                add("I8c null block", f"its {name} list holds the null block", 0, job_id)
+                self.add("I8c null block", f"its {name} list holds the null block", 0, job_id)
         for block in set(fenced) & set(deferred):
-            add("I6 no duplicates", "the block is in both its fenced and deferred lists", block, job_id)
-        req_status = sched._req_status.get(status.req_id)
-        if req_status is None:
-            add("I5 exact bookkeeping", f"its request {status.req_id} is no longer tracked", job=job_id)
-            continue
-        for block in fenced:
-            expected[(block, job_id)] = "fenced at creation"
-        if req_status.req.is_finished():
-            for block in deferred:
-                expected[(block, job_id)] = f"deferred, request {status.req_id} finished"
-        if job_id not in req_status.transfer_jobs:
-            add("I5 exact bookkeeping", f"request {status.req_id} does not list it", job=job_id)
+            why = "the block is in both its fenced and deferred lists"
+            self.add("I6 no duplicates", why, block, job_id)
 
-    for block, job_id in sorted(expected.keys() - actual):
-        why = expected[(block, job_id)]
-        invariant = "I1 coverage" if why.startswith("fenced") else "I7 registered iff finished"
-        add(invariant, f"a live store reads it ({why}) but the fence does not hold it", block, job_id)
-    for block, job_id in sorted(actual - expected.keys()):
-        status = jobs.get(job_id)
-        if status is not None and status.is_store:
+    def compare(self, expected: dict[tuple[int, int], str], actual: set[tuple[int, int]]) -> None:
+        """I1 (a, b) and I7: the fence holds exactly what the live stores need."""
+        for block, job_id in sorted(expected.keys() - actual):
+            why = expected[(block, job_id)]
+            invariant = "I1 coverage" if why.startswith("fenced") else "I7 registered iff finished"
+            message = f"a live store reads it ({why}) but the fence does not hold it"
+            self.add(invariant, message, block, job_id)
+        for block, job_id in sorted(actual - expected.keys()):
+            status = self.sched._jobs.get(job_id)
+            if status is None or not status.is_store:
+                continue  # reported by fence_entries
             if block in (status.deferred_fence_block_ids or ()):
-                why = f"a deferred block of request {status.req_id}, which has not finished"
-                add("I7 registered iff finished", f"the fence holds {why}", block, job_id)
+                why = f"the fence holds a deferred block of request {status.req_id}, unfinished"
+                self.add("I7 registered iff finished", why, block, job_id)
             else:
-                add("I5 exact bookkeeping", "the fence holds a block the job does not read", block, job_id)
-
-    if sched._current_batch_jobs_to_flush and not reset_pending:
-        add("I10 transient sets", f"jobs_to_flush survived the step: {sorted(sched._current_batch_jobs_to_flush)}")
-    if sched._current_batch_load_jobs:
-        add("I10 transient sets", "this step's load jobs survived the step")
-    return found
+                why = "the fence holds a block the job does not read"
+                self.add("I5 exact bookkeeping", why, block, job_id)
 
 
 class FenceOracle:
@@ -138,7 +168,9 @@ class FenceOracle:
 
     def __call__(self, engine: Any) -> None:
         record = engine.history[-1]
-        found = check_state(engine.connector, record.step, reset_pending=engine.reset_since_last_step)
+        found = check_state(
+            engine.connector, record.step, reset_pending=engine.reset_since_last_step
+        )
         found += self._check_step(engine, record)
         self.violations += found
         if found and self.raise_now:
@@ -197,7 +229,11 @@ class FenceOracle:
         # I4: every flushed job was submitted and has completed before the forward pass.
         for job_id in sorted(flushed):
             if job_id in engine.worker.in_flight:
-                found.append(Violation("I4 flush before overwrite", step, "flushed but still in flight", job=job_id))
+                found.append(
+                    Violation(
+                        "I4 flush before overwrite", step, "flushed but still in flight", job=job_id
+                    )
+                )
         return found
 
 
@@ -206,7 +242,7 @@ def _store_places(job: Any) -> Iterable[tuple[int, tuple[str, int, int]]]:
     assert isinstance(spec, GPULoadStoreSpec)
     ids = [int(b) for b in spec.block_ids]
     offset = 0
-    for group, (size, first) in enumerate(zip(spec.group_sizes, spec.block_indices)):
+    for group, (size, first) in enumerate(zip(spec.group_sizes, spec.block_indices, strict=True)):
         for k in range(size):
             yield ids[offset + k], (job.req_id, group, first + k)
         offset += size

@@ -49,13 +49,15 @@ def test_blocks_of_a_finished_request_are_flushed_when_reused(async_scheduling: 
     e.run([Plan(range(1, 9), 1, req_id="a")])
     (job,) = jobs_of(e, "a")
     assert e.worker.in_flight.keys() == {job}
-    assert {b: j for b, j in e.fence.items()} == dict.fromkeys(blocks_of(e, job), {job})
+    assert dict(e.fence.items()) == {key: {job} for key in blocks_of(e, job)}
 
     e.run([Plan(range(50, 58), 1, req_id="b")])
     assert job in e.flushed_jobs()
-    assert ("a", 0, 0) in e.stored_positions() and ("a", 0, 1) in e.stored_positions()
+    assert ("a", 0, 0) in e.stored_positions()
+    assert ("a", 0, 1) in e.stored_positions()
     e.drain()
-    assert e.fence == {} and not e.connector._jobs
+    assert e.fence == {}
+    assert not e.connector._jobs
 
 
 def _finish_then_admit(delay_b: int) -> tuple[FenceEngine, int]:
@@ -71,7 +73,8 @@ def _finish_then_admit(delay_b: int) -> tuple[FenceEngine, int]:
         e.add_request(range(50, 62), 1, req_id="b")
     record = e.step()
     (late,) = {j for j in set(e.store_jobs) - before if e.store_jobs[j].req_id == "a"}
-    assert e.requests["a"].is_finished() and e.store_jobs[late].req_id == "a"
+    assert e.requests["a"].is_finished()
+    assert e.store_jobs[late].req_id == "a"
     if delay_b:
         for _ in range(delay_b - 1):
             e.step()
@@ -136,7 +139,8 @@ def test_reset_cache_clears_the_fence_and_ignores_late_completions(async_schedul
     e.run([Plan(range(1, 9), 1, req_id="a")])
     assert e.fence
     e.reset_cache()
-    assert e.fence == {} and not e.connector._jobs
+    assert e.fence == {}
+    assert not e.connector._jobs
     assert check_state(e.connector, e.step_no, reset_pending=True) == []
     e.run([Plan(range(50, 58), 1, req_id="b")])
     e.drain()
@@ -148,17 +152,24 @@ def test_reset_cache_clears_the_fence_and_ignores_late_completions(async_schedul
 def test_fence_entries_stay_until_every_worker_reports(async_scheduling: bool) -> None:
     """With two workers a job completes at the second report, and only then leaves
     the fence (M-C8; ``pending_count > 1``)."""
-    e = engine(num_gpu_blocks=3, delay=None, workers=2, second_worker_lag=2,
-               async_scheduling=async_scheduling)
+    e = engine(
+        num_gpu_blocks=3,
+        delay=None,
+        workers=2,
+        second_worker_lag=2,
+        async_scheduling=async_scheduling,
+    )
     e.run([Plan(range(1, 9), 1, req_id="a")])
     (job,) = jobs_of(e, "a")
     e.worker.release()
     e.step()  # the first worker reports
     e.step()
     assert job not in e.worker.in_flight
-    assert all(job in jobs for jobs in e.fence.values()) and e.fence
+    assert all(job in jobs for jobs in e.fence.values())
+    assert e.fence
     e.drain()
-    assert e.fence == {} and not e.connector._jobs
+    assert e.fence == {}
+    assert not e.connector._jobs
 
 
 def test_every_preempted_request_is_flushed() -> None:
@@ -171,17 +182,22 @@ def test_every_preempted_request_is_flushed() -> None:
     """
     ref: list[FenceEngine] = []
     holders = [f"held{k}" for k in range(8)]
-    e = engine(num_gpu_blocks=64, delay=held_for(*holders, engine_ref=ref), max_num_batched_tokens=256)
+    e = engine(
+        num_gpu_blocks=64, delay=held_for(*holders, engine_ref=ref), max_num_batched_tokens=256
+    )
     ref.append(e)
     for round_ in range(8):
         base = 1000 * (round_ + 1)
         e.add_request(range(base, base + 8), 6, req_id=holders[round_])
         for k in range(5):
-            e.add_request(range(base + 100 * (k + 1), base + 100 * (k + 1) + 8), 6, req_id=f"r{round_}.{k}")
+            e.add_request(
+                range(base + 100 * (k + 1), base + 100 * (k + 1) + 8), 6, req_id=f"r{round_}.{k}"
+            )
         e.step()
         e.step()
         held = jobs_of(e, holders[round_])
-        assert held and held <= e.worker.in_flight.keys()
+        assert held
+        assert held <= e.worker.in_flight.keys()
         e.preempt_all()
         record = e.step()
         assert holders[round_] in (record.output.preempted_req_ids or ())

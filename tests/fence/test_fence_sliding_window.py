@@ -42,7 +42,8 @@ def _run_a_then_b(
     e.add_request(A, 2, req_id="b")
     e.run()
     e.drain()
-    assert e.fence == {} and not e.connector._jobs
+    assert e.fence == {}
+    assert not e.connector._jobs
     return e
 
 
@@ -62,17 +63,21 @@ PINNED = {
     ("sliding", 2, True, 16): ([("a", 0, 2), ("a", 0, 3)], [("b", 0, 2), ("b", 0, 3)]),
     ("mixed", 1, False, 1): ([("a", 0, 0), ("b", 0, 1)], []),
     ("mixed", 1, True, 16): (
-        _full("a", range(6)) + [("a", 1, 3), ("a", 1, 4)],
-        _full("b", range(5)) + [("b", 1, 3), ("b", 1, 4)],
+        [*_full("a", range(6)), ("a", 1, 3), ("a", 1, 4)],
+        [*_full("b", range(5)), ("b", 1, 3), ("b", 1, 4)],
     ),
     ("mixed", 2, False, 16): (
-        _full("a", range(6)) + [("a", 1, 2), ("a", 1, 3)],
-        _full("b", range(4)) + [("b", 1, 2), ("b", 1, 3)],
+        [*_full("a", range(6)), ("a", 1, 2), ("a", 1, 3)],
+        [*_full("b", range(4)), ("b", 1, 2), ("b", 1, 3)],
     ),
 }
 
 
-@pytest.mark.parametrize(("case", "expected"), PINNED.items(), ids=lambda v: "-".join(map(str, v)) if isinstance(v, tuple) and len(v) == 4 else "")
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    PINNED.items(),
+    ids=lambda v: "-".join(map(str, v)) if isinstance(v, tuple) and len(v) == 4 else "",
+)
 def test_stored_and_loaded_blocks_are_pinned(case: tuple, expected: tuple) -> None:
     e = _run_a_then_b(*case)
     stored, loaded = expected

@@ -14,12 +14,15 @@ example database) and ``long`` (many more, longer programs, for a local hunt).
 
 from __future__ import annotations
 
+import inspect
 import os
 import random
+import textwrap
 from typing import Any
 
-from fence_harness import FenceEngine
-from fence_oracle import FenceOracle
+import pytest
+from fence_harness import ContentViolation, FenceEngine
+from fence_oracle import FenceOracle, FenceViolation
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -28,6 +31,9 @@ from hypothesis.stateful import (
     precondition,
     rule,
     run_state_machine_as_test,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import (
+    OffloadingConnectorScheduler,
 )
 
 settings.register_profile(
@@ -194,3 +200,31 @@ def run_machine(profile: settings = PROFILE) -> None:
 def test_random_workloads_keep_every_fence_invariant() -> None:
     run_machine()
 
+
+def _plant(monkeypatch: pytest.MonkeyPatch, cls: type, name: str, old: str, new: str) -> None:
+    """Replace ``cls.name`` by a copy of its source with ``old`` changed to ``new``,
+    for this test only (the installed file is not touched)."""
+    function = getattr(cls, name)
+    source = textwrap.dedent(inspect.getsource(function))
+    assert source.count(old) == 1, f"{old!r} is not once in {cls.__name__}.{name}"
+    namespace: dict[str, Any] = {}
+    code = compile(source.replace(old, new), inspect.getsourcefile(function) or name, "exec")
+    exec(code, function.__globals__, namespace)
+    monkeypatch.setattr(cls, name, namespace[name])
+
+
+def test_random_workloads_find_a_planted_bug(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CI budget is enough to find a real fence bug: request_finished forgets to
+    fence a finished request's in-flight stores (M-A3). Same examples and program
+    length as the CI profile; only the shrinking of the failure is skipped."""
+    _plant(
+        monkeypatch,
+        OffloadingConnectorScheduler,
+        "request_finished",
+        "self._block_id_to_pending_jobs.setdefault(bid, set()).add(job_id)",
+        "pass",
+    )
+    budget = settings(PROFILE, phases=[Phase.explicit, Phase.generate], report_multiple_bugs=False)
+    with pytest.raises((FenceViolation, ContentViolation)) as caught:
+        run_machine(budget)
+    assert "I7 registered iff finished" in str(caught.value) or "overwritten" in str(caught.value)

@@ -39,7 +39,9 @@ def _sliding_window_request_past_its_window(async_scheduling: bool, layout: str)
 
 @pytest.mark.parametrize("layout", ["sliding", "mixed"])
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
-def test_sliding_window_request_runs_clean_without_reset(async_scheduling: bool, layout: str) -> None:
+def test_sliding_window_request_runs_clean_without_reset(
+    async_scheduling: bool, layout: str
+) -> None:
     """The control: the same workload, no reset, no violation."""
     e = _sliding_window_request_past_its_window(async_scheduling, layout)
     e.drain()
@@ -64,4 +66,3 @@ def test_reset_cache_does_not_store_a_reused_sliding_window_block(
     e = _sliding_window_request_past_its_window(async_scheduling, layout)
     e.reset_cache()  # the engine's reset_prefix_cache(reset_connector=True)
     e.drain()
-
