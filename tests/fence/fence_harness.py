@@ -410,7 +410,7 @@ class FenceEngine:
         self._echo: list[tuple[int, int]] = []  # (due step, job id) of the second worker
 
         groups = _kv_cache_groups(layout, block_size, window_blocks)
-        config = _vllm_config(
+        config = vllm_config(
             block_size=block_size,
             num_gpu_blocks=num_gpu_blocks,
             blocks_per_chunk=blocks_per_chunk,
@@ -736,16 +736,17 @@ def _kv_cache_groups(layout: Layout, block_size: int, window_blocks: int) -> lis
     return {"full": [full], "sliding": [sliding], "mixed": [full, sliding]}[layout]
 
 
-def _vllm_config(
+def vllm_config(
     *,
     block_size: int,
     num_gpu_blocks: int,
-    blocks_per_chunk: int,
-    async_scheduling: bool,
-    cpu_chunks: int,
-    workers: int,
-    max_num_batched_tokens: int,
+    blocks_per_chunk: int = 1,
+    async_scheduling: bool = False,
+    cpu_chunks: int = 64,
+    workers: int = 1,
+    max_num_batched_tokens: int = 64,
 ) -> VllmConfig:
+    """A real vLLM config with the OffloadingConnector over :class:`FenceOffloadingSpec`."""
     model = ModelConfig(model=MODEL, dtype="float16", seed=0)
     scheduler = SchedulerConfig(
         max_num_seqs=min(16, max_num_batched_tokens),
