@@ -411,9 +411,9 @@ def build_catalogue_mutants(
     its file) has no per-line coverage: the baseline measured the target only, so
     every test of the suite judges it (``all_tests``): slower, never wrong.
     """
-    from audit.mutants import statement_starts, unified_diff
+    from audit.mutants import TestsOfLines, unified_diff
 
-    statement_of_line = statement_starts(source, filename)
+    tests_of = TestsOfLines(source, filename, lines_to_tests)
     names = {region.name for region in regions}
     mutants: list[Mutant] = []
     stale: list[Stale] = []
@@ -437,8 +437,7 @@ def build_catalogue_mutants(
             continue
         mutated = apply_edits(text, applied.edits)
         if module_path is None:
-            touched = {statement_of_line.get(line, line) for line in applied.changed_lines}
-            covered = sorted({t for line in touched for t in lines_to_tests.get(line, ())})
+            covered = tests_of(applied.changed_lines)
         else:
             covered = list(everything)
         mutants.append(

@@ -66,9 +66,11 @@ def apply_equivalents(
     function_hashes: Mapping[str, str],
     equivalents: Sequence[Equivalent],
 ) -> tuple[dict[str, MutantResult], list[dict[str, Any]]]:
-    """Survivors with a current verdict become EQUIVALENT; every record gets a state:
-    ``applied``, ``expired`` (the function changed), ``killed`` (a test kills it: the
-    verdict is wrong), ``not survived`` (another status) or ``absent`` (not in the run)."""
+    """Survivors with a current verdict become EQUIVALENT, and so do mutants that no
+    test reaches (a verdict can say why none can: dead code). Every record gets a
+    state: ``applied``, ``expired`` (the function changed), ``killed`` (a test kills
+    it: the verdict is wrong), ``not survived`` (another status: timeout, error) or
+    ``absent`` (not in the run)."""
     by_id = {m.id: m for m in mutants}
     updated = dict(verdicts)
     records = []
@@ -80,7 +82,7 @@ def apply_equivalents(
             status = verdicts[mutant.id].status
             if function_hashes.get(key) != equivalent.function_sha256:
                 state = "expired"
-            elif status is MutantStatus.SURVIVED:
+            elif status in (MutantStatus.SURVIVED, MutantStatus.NO_TESTS):
                 state = "applied"
                 updated[mutant.id] = replace(verdicts[mutant.id], status=MutantStatus.EQUIVALENT)
             elif status is MutantStatus.KILLED:

@@ -49,7 +49,7 @@ def build_mutants(
 ) -> MutantSet:
     functions = sorted({f for region in regions for f in region.functions})
     region_of_line = {line: region.name for region in regions for line in region.lines}
-    statement_of_line = statement_starts(source, filename)
+    tests_of = TestsOfLines(source, filename, lines_to_tests)
     original = source.splitlines(keepends=True)
 
     mutants: list[Mutant] = []
@@ -61,8 +61,7 @@ def build_mutants(
             outside.append(OutOfRegion(identifier, mutation.function, mutation.line))
             continue
         mutated = apply_edits(source, mutation.edits)
-        statements = {statement_of_line.get(line, line) for line in mutation.changed_lines}
-        covered = sorted({t for line in statements for t in lines_to_tests.get(line, ())})
+        covered = tests_of(mutation.changed_lines)
         mutants.append(
             Mutant(
                 id=identifier,
@@ -108,6 +107,30 @@ def function_hashes(source: str, functions: Iterable[str]) -> dict[str, str]:
 def unified_diff(original: list[str], mutated: list[str], filename: str) -> str:
     name = filename.rsplit("/", 1)[-1]
     return "".join(difflib.unified_diff(original, mutated, f"a/{name}", f"b/{name}", n=2))
+
+
+class TestsOfLines:
+    """The baseline's tests that ran the statements a set of changed lines belongs to.
+
+    Coverage records a multi-line statement on a line of its own choosing: the
+    header of a one-line ``if``, but the condition's first line when the condition
+    spans several (``if (`` is never recorded). So a changed line counts the tests
+    of every line of its statement, not of one chosen line.
+    """
+
+    __test__ = False
+
+    def __init__(
+        self, source: str, filename: str, lines_to_tests: Mapping[int, tuple[str, ...]]
+    ) -> None:
+        self._start = statement_starts(source, filename)
+        self._tests: dict[int, set[str]] = {}
+        for line, tests in lines_to_tests.items():
+            self._tests.setdefault(self._start.get(line, line), set()).update(tests)
+
+    def __call__(self, changed_lines: Iterable[int]) -> list[str]:
+        starts = {self._start.get(line, line) for line in changed_lines}
+        return sorted({t for start in starts for t in self._tests.get(start, ())})
 
 
 def statement_starts(source: str, filename: str) -> dict[int, int]:

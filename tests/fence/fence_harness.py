@@ -61,6 +61,9 @@ from vllm.v1.kv_offload.base import (
     OffloadingManager,
     OffloadingSpec,
     OffloadingWorker,
+    OffloadPolicy,
+    ReqContext,
+    RequestOffloadingContext,
     TransferResult,
 )
 from vllm.v1.kv_offload.config import OffloadingConfig
@@ -173,6 +176,15 @@ class FakeTransferWorker(OffloadingWorker):
         return done
 
 
+class RequestLevelCPUManager(CPUOffloadingManager):
+    """The CPU tier, asking for every chunk of every request (``REQUEST_LEVEL``), as a
+    tier that needs a request's whole KV context does: prefix hits are stored too."""
+
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        super().on_new_request(req_context)
+        return RequestOffloadingContext(policy=OffloadPolicy.REQUEST_LEVEL)
+
+
 class FenceOffloadingSpec(OffloadingSpec):
     """The real CPU tier's manager (scheduler side) and the fake worker (worker side)."""
 
@@ -183,7 +195,12 @@ class FenceOffloadingSpec(OffloadingSpec):
 
     def get_manager(self) -> OffloadingManager:
         if self._manager is None:
-            self._manager = CPUOffloadingManager(
+            manager_cls = (
+                RequestLevelCPUManager
+                if self.extra_config.get("request_level")
+                else CPUOffloadingManager
+            )
+            self._manager = manager_cls(
                 num_chunks=int(self.extra_config["cpu_chunks"]), cache_policy="lru"
             )
         return self._manager
@@ -386,6 +403,7 @@ class FenceEngine:
         second_worker_lag: int = 1,
         delay: Delay | Callable[[int, bool], Delay] = 0,
         max_num_batched_tokens: int = 64,
+        request_level: bool = False,
         post_step_fns: Sequence[Callable[[FenceEngine], None]] = (),
         strict_contents: bool = True,
     ) -> None:
@@ -418,6 +436,7 @@ class FenceEngine:
             cpu_chunks=cpu_chunks,
             workers=workers,
             max_num_batched_tokens=max_num_batched_tokens,
+            request_level=request_level,
         )
         kv_cache_config = KVCacheConfig(
             num_blocks=num_gpu_blocks,
@@ -745,6 +764,7 @@ def vllm_config(
     cpu_chunks: int = 64,
     workers: int = 1,
     max_num_batched_tokens: int = 64,
+    request_level: bool = False,
 ) -> VllmConfig:
     """A real vLLM config with the OffloadingConnector over :class:`FenceOffloadingSpec`."""
     model = ModelConfig(model=MODEL, dtype="float16", seed=0)
@@ -764,6 +784,7 @@ def vllm_config(
         "spec_module_path": __name__,
         "cpu_chunks": cpu_chunks,
         "offload_prompt_only": False,
+        "request_level": request_level,
     }
     if blocks_per_chunk > 1:
         extra["block_size"] = block_size * blocks_per_chunk

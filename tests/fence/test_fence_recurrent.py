@@ -13,7 +13,6 @@ import pytest
 import torch
 from fence_harness import FenceOffloadingSpec, vllm_config
 from fence_oracle import FenceViolation, check_state
-
 from vllm import SamplingParams
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
     OffloadingWorkerMetadata,

@@ -112,3 +112,63 @@ def test_tail_block_of_a_finished_request_reused_in_the_same_step_is_not_stored(
     stored = {i for r, _, i in e.stored_positions() if r == "a"}
     assert stored & reused == set()
     assert 4 in stored
+
+
+def test_zeroing_covers_finished_requests_waiting_on_their_last_store() -> None:
+    """The zeroing walks every tracked request, not only the scheduled ones (M-D5).
+
+    a finishes; the next step builds its last sliding-window store (for block index
+    4, its store refused earlier while the one-chunk CPU tier was busy) and, in the
+    same step, hands that block to b. a is not scheduled in that step, so only a
+    walk over every tracked request zeroes the stale id and keeps it out of a's
+    store. (Found by a search over 1440 small workloads; this is one that needs it.)
+    """
+    e = FenceEngine(
+        num_gpu_blocks=7,
+        layout="sliding",
+        window_blocks=2,
+        cpu_chunks=1,
+        max_num_batched_tokens=16,
+        delay=lambda job_id, is_store: None if job_id == 0 else 0,
+        post_step_fns=[FenceOracle()],
+    )
+    e.add_request(A, 5, req_id="a")
+    while not e.requests["a"].is_finished():
+        if len(e.requests["a"].output_token_ids) >= 4:
+            e.worker.release()
+        e.step()
+    tail = list(e.connector._req_status["a"].group_states[0].block_ids)
+    e.add_request(range(500, 516), 2, req_id="b")
+    record = e.step()
+    assert tail[4] in record.allocated, "b did not take the block of a's unstored chunk"
+    assert ("a", 0, 4) not in {p for p in e.stored_positions()}
+    e.drain()
+    assert ("a", 0, 4) not in e.stored_positions()
+
+
+def test_request_level_store_skips_null_blocks_inside_a_chunk() -> None:
+    """A tier that wants every chunk (REQUEST_LEVEL) gets b's prefix hits stored too.
+    b's sliding-window table holds the null block before its window, so one of b's
+    3-block chunks is [null, x, y]: the store keeps x and y, and never reads, stores
+    or fences the null block (M-A9; the chunk loop must skip a null block, not stop)."""
+    e = FenceEngine(
+        num_gpu_blocks=10,
+        layout="sliding",
+        window_blocks=2,
+        blocks_per_chunk=3,
+        max_num_batched_tokens=12,
+        request_level=True,
+        post_step_fns=[FenceOracle()],
+    )
+    e.add_request(A, 1, req_id="a")
+    e.run()
+    e.add_request([*A, *range(900, 908)], 3, req_id="b")  # a's prompt: GPU prefix hits
+    e.run()
+    e.drain()
+    assert sorted(e.stored_positions()) == [
+        ("a", 0, 0),
+        ("a", 0, 1),
+        ("a", 0, 2),
+        ("b", 0, 4),
+        ("b", 0, 5),
+    ]

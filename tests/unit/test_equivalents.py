@@ -28,12 +28,13 @@ def mutant(identifier: str, function: str = "F.f") -> Mutant:
 
 
 def test_each_verdict_gets_a_state_and_only_current_survivors_become_equivalent() -> None:
-    mutants = [mutant("a"), mutant("b"), mutant("c", "F.g"), mutant("d")]
+    mutants = [mutant("a"), mutant("b"), mutant("c", "F.g"), mutant("d"), mutant("e")]
     verdicts = {
         "a": MutantResult("a", MutantStatus.SURVIVED),
         "b": MutantResult("b", MutantStatus.KILLED, killed_by="t"),
         "c": MutantResult("c", MutantStatus.SURVIVED),
         "d": MutantResult("d", MutantStatus.TIMEOUT),
+        "e": MutantResult("e", MutantStatus.NO_TESTS),
     }
     hashes = {"F.f": "h1", "F.g": "changed"}
     records = [
@@ -41,6 +42,7 @@ def test_each_verdict_gets_a_state_and_only_current_survivors_become_equivalent(
         Equivalent("b", "h1", "wrongly thought equivalent", "today"),
         Equivalent("c", "h-old", "was equivalent before the function changed", "today"),
         Equivalent("d", "h1", "hangs either way", "today"),
+        Equivalent("e", "h1", "dead code: no test can reach it", "today"),
         Equivalent("gone", "h1", "a mutant no longer generated", "today"),
     ]
     updated, states = apply_equivalents(mutants, verdicts, hashes, records)
@@ -48,11 +50,13 @@ def test_each_verdict_gets_a_state_and_only_current_survivors_become_equivalent(
     assert updated["b"].status is MutantStatus.KILLED
     assert updated["c"].status is MutantStatus.SURVIVED
     assert updated["d"].status is MutantStatus.TIMEOUT
+    assert updated["e"].status is MutantStatus.EQUIVALENT
     assert [s["state"] for s in states] == [
         "applied",
         "killed",
         "expired",
         "not survived",
+        "applied",
         "absent",
     ]
 

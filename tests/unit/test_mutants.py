@@ -10,7 +10,7 @@ import pytest
 from audit import _executor, mutmut_adapter
 from audit.config import RegionSpec, Selection, StatementSelector
 from audit.model import apply_edits
-from audit.mutants import build_mutants, function_hashes, mutant_id
+from audit.mutants import TestsOfLines, build_mutants, function_hashes, mutant_id
 from audit.regions import resolve_regions
 
 SOURCE = textwrap.dedent(
@@ -117,3 +117,14 @@ def test_activation_names_a_function_the_mutated_text_lacks() -> None:
     code = compile(SOURCE, "fence.py", "exec")
     with pytest.raises(LookupError, match=r"Fence\.flush"):
         _executor.find_code(code, "Fence.flush")
+
+
+def test_a_changed_line_inside_a_multi_line_condition_finds_its_tests() -> None:
+    """Coverage records ``if (`` + a split condition on the condition's first line,
+    not the header; a change on any line of the statement finds the tests."""
+    source = "def f(x, s):\n    if (\n        x\n        in s\n    ):\n        return 1\n"
+    tests_of = TestsOfLines(source, "f.py", {3: ("t1",), 4: ("t2",), 6: ("t3",)})
+    assert tests_of([4]) == ["t1", "t2"]
+    assert tests_of([2]) == ["t1", "t2"]
+    assert tests_of([6]) == ["t3"]
+    assert tests_of([1]) == []
