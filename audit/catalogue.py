@@ -436,10 +436,7 @@ def build_catalogue_mutants(
             stale.append(applied)
             continue
         mutated = apply_edits(text, applied.edits)
-        if module_path is None:
-            covered = tests_of(applied.changed_lines)
-        else:
-            covered = list(everything)
+        covered = tests_of(applied.changed_lines) if module_path is None else list(everything)
         mutants.append(
             Mutant(
                 id=entry.mutant_id,

@@ -141,7 +141,7 @@ def test_zeroing_covers_finished_requests_waiting_on_their_last_store() -> None:
     e.add_request(range(500, 516), 2, req_id="b")
     record = e.step()
     assert tail[4] in record.allocated, "b did not take the block of a's unstored chunk"
-    assert ("a", 0, 4) not in {p for p in e.stored_positions()}
+    assert ("a", 0, 4) not in set(e.stored_positions())
     e.drain()
     assert ("a", 0, 4) not in e.stored_positions()
 
