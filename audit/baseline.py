@@ -34,7 +34,8 @@ class Suite:
     source: TestSource
     root: Path  # the staged root: tests/ (vLLM's) and project/ (this repository)
     paths: tuple[str, ...]  # relative to root; node ids keep any ::test part
-    selection: tuple[str, ...]  # the configured entries, for messages
+    selection: tuple[str, ...]  # the configured entries (and plugins), for messages
+    plugins: tuple[Path, ...] = ()  # pytest plugin files, inside root
 
 
 def stage_suite(
@@ -73,7 +74,23 @@ def stage_suite(
                     "next": "fix [tool.fence-audit.suite] paths or --suite",
                 },
             )
-    return Suite(source, root, tuple(paths), tuple(str(e) for e in entries))
+    plugins = tuple(_stage_plugin(root, config, source, entry) for entry in config.plugins)
+    selection = (*(str(e) for e in entries), *(f"plugin {e}" for e in config.plugins))
+    return Suite(source, root, tuple(paths), selection, plugins)
+
+
+def _stage_plugin(root: Path, config: Config, source: TestSource, entry: SuitePath) -> Path:
+    path = root / ("" if entry.root == "vllm" else "project") / entry.path
+    if path.suffix != ".py" or not path.is_file():
+        base = source.root if entry.root == "vllm" else config.project_dir
+        raise ConfigError(
+            f"pytest plugin {entry} is not a Python file",
+            details={
+                "looked in": str(base / entry.path),
+                "next": "fix [tool.fence-audit.suite] plugins or --plugin (one .py file each)",
+            },
+        )
+    return path
 
 
 class WarmSession:
@@ -190,10 +207,14 @@ def spawn(
     """Start a test process (``python -m MODULE SPEC``): hermetic, in the suite root,
     its output (stderr included) on a text pipe."""
     hf_home = prepare_hf_home(config.cache_dir, config.offline_models)
+    env = child_environment(os.environ, hf_home)
+    if suite.plugins:  # each plugin imports by its module name, and its neighbours too
+        folders = [str(p.parent) for p in suite.plugins]
+        env["PYTHONPATH"] = os.pathsep.join([*folders, *filter(None, [env.get("PYTHONPATH")])])
     return subprocess.Popen(
         [sys.executable, "-m", module, str(spec_file)],
         cwd=suite.root,
-        env=child_environment(os.environ, hf_home),
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -217,6 +238,7 @@ def pytest_args(suite: Suite, work: Path) -> list[str]:
         "-W",
         "ignore::pytest.PytestUnknownMarkWarning",
         "-q",
+        *(arg for plugin in suite.plugins for arg in ("-p", plugin.stem)),
     ]
 
 

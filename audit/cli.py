@@ -58,6 +58,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="a test path (vllm:PATH or project:PATH); repeat to select several; "
         "replaces the configured selection",
     )
+    cov.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="ROOT:PATH",
+        help="a pytest plugin file loaded into every test process; repeat for several; "
+        "replaces the configured plugins",
+    )
     mutate = commands.add_parser(
         "mutate",
         parents=[common],
@@ -71,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     mutate.add_argument(
         "--suite", action="append", default=[], metavar="ROOT:PATH", help="as for coverage"
+    )
+    mutate.add_argument(
+        "--plugin", action="append", default=[], metavar="ROOT:PATH", help="as for coverage"
     )
     mutate.add_argument(
         "--engine",
@@ -190,6 +201,9 @@ def configure(args: argparse.Namespace) -> Config:
         config = dataclasses.replace(config, reports_dir=args.reports.resolve())
     if args.cache_dir:
         config = dataclasses.replace(config, cache_dir=args.cache_dir.resolve())
+    if getattr(args, "plugin", None):
+        plugins = tuple(parse_suite_path(p) for p in args.plugin)
+        config = dataclasses.replace(config, plugins=plugins)
     return config
 
 

@@ -85,6 +85,7 @@ class Config:
     gate: GateThresholds = GateThresholds()
     catalogue_dir: Path | None = None  # hand-written mutants, one TOML file each
     equivalents_file: Path | None = None  # reviewed equivalent mutants, with reasons
+    plugins: tuple[SuitePath, ...] = ()  # pytest plugin files loaded into every test run
 
     def region(self, name: str) -> RegionSpec:
         for region in self.regions:
@@ -108,7 +109,7 @@ _TOP_KEYS = {
     "catalogue",
     "equivalents",
 }
-_SUITE_KEYS = {"paths", "offline-models"}
+_SUITE_KEYS = {"paths", "offline-models", "plugins"}
 _GATE_KEYS = {"fail-under", "regions", "min-line-coverage"}
 
 
@@ -182,6 +183,9 @@ def parse_config(table: dict[str, Any], *, source: str, project_dir: Path) -> Co
         index_url=os.environ.get(INDEX_URL_ENV) or _string(table, "index-url", source),
         suite=tuple(parse_suite_path(p, source) for p in _strings(suite_table, "paths", source)),
         offline_models=_strings(suite_table, "offline-models", source),
+        plugins=tuple(
+            parse_suite_path(p, source) for p in _strings(suite_table, "plugins", source)
+        ),
         regions=parse_regions(table.get("regions", {}), source),
         gate=parse_gate(table.get("gate", {}), source),
         catalogue_dir=_path(table.get("catalogue"), "catalogue", source, project_dir),

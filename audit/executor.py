@@ -77,7 +77,7 @@ def judge(
     # Leftovers of a run killed mid-way: never read, so safe to drop.
     for leftover in [*results_dir.glob(".*.tmp"), *results_dir.glob("sentinel-*.json")]:
         leftover.unlink(missing_ok=True)
-    hasher = TestHasher(suite.root)
+    hasher = TestHasher(suite.root, suite.plugins)
     verdicts: dict[str, MutantResult] = {}
     pending: list[dict[str, Any]] = []
     target_source = target.path.read_text(encoding="utf-8")
@@ -144,18 +144,23 @@ class TestHasher:
 
     A test's file, every ``conftest.py`` on its way up to the suite root, and the
     non-test modules in its folder (vLLM's ``utils.py`` harness) count; a change in
-    any of them re-judges the mutants those tests cover.
+    any of them re-judges the mutants those tests cover. So do the suite's pytest
+    plugins, which every test runs under.
     """
 
     __test__ = False
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, plugins: Iterable[Path] = ()) -> None:
         self.root = root
         self._files: dict[Path, str] = {}
         self._test_files: dict[str, list[Path]] = {}  # test file -> the files it depends on
+        self._plugins = sorted(plugins)
 
     def tests_hash(self, test_ids: Iterable[str]) -> str:
         digest = hashlib.sha256()
+        for plugin in self._plugins:
+            digest.update(str(plugin.relative_to(self.root)).encode())
+            digest.update(self._file_hash(plugin).encode())
         for test_id in sorted(test_ids):
             digest.update(test_id.encode())
             for path in self._files_of(test_id.split("::", 1)[0]):

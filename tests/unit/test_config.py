@@ -129,3 +129,33 @@ def test_cache_dir_defaults_to_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     monkeypatch.delenv("FENCE_AUDIT_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert load_config().cache_dir == tmp_path / "fence-audit"
+
+
+def test_plugins_are_staged_loaded_by_name_and_must_be_python_files(tmp_path: Path) -> None:
+    from audit.baseline import pytest_args, stage_suite
+    from audit.sources import TestSource
+
+    project = tmp_path / "project"
+    (project / "tests" / "fence").mkdir(parents=True)
+    (project / "tests" / "fence" / "oracle_plugin.py").write_text("")
+    (project / "tests" / "fence" / "notes.txt").write_text("")
+    vllm_tests = tmp_path / "vllm"
+    (vllm_tests / "tests").mkdir(parents=True)
+    body = (
+        '[tool.fence-audit.suite]\npaths = []\nplugins = ["project:tests/fence/oracle_plugin.py"]\n'
+    )
+    config = load_config(write_pyproject(project, body))
+    source = TestSource(vllm_tests, "test folder")
+
+    suite = stage_suite(config, source, (), tmp_path / "work")
+    assert suite.plugins == (suite.root / "project" / "tests" / "fence" / "oracle_plugin.py",)
+    assert "plugin project:tests/fence/oracle_plugin.py" in suite.selection
+    args = pytest_args(suite, tmp_path / "work")
+    assert args[args.index("-p", args.index("no:cacheprovider")) :][-2:] == ["-p", "oracle_plugin"]
+
+    for bad in ("project:tests/fence/notes.txt", "project:tests/fence/missing.py"):
+        body = f'[tool.fence-audit.suite]\npaths = []\nplugins = ["{bad}"]\n'
+        config = load_config(write_pyproject(project, body))
+        with pytest.raises(ConfigError) as error:
+            stage_suite(config, source, (), tmp_path / "work")
+        assert "is not a Python file" in error.value.render()
