@@ -66,3 +66,27 @@ def test_reset_cache_does_not_store_a_reused_sliding_window_block(
     e = _sliding_window_request_past_its_window(async_scheduling, layout)
     e.reset_cache()  # the engine's reset_prefix_cache(reset_connector=True)
     e.drain()
+
+
+@pytest.mark.xfail(
+    raises=ContentViolation,
+    strict=True,
+    reason=f"the same vLLM 0.33.0 bug, with chunks of three blocks (see {REPORT})",
+)
+def test_reset_cache_with_three_block_chunks_does_not_store_a_reused_block() -> None:
+    """The same bug where a chunk spans three blocks: four steps into a 16-token prompt
+    with 24 tokens to generate, block index 1's block already backs a later position
+    when the reset rewinds the store progress to chunk 0."""
+    e = FenceEngine(
+        num_gpu_blocks=5,
+        layout="sliding",
+        window_blocks=2,
+        blocks_per_chunk=3,
+        max_num_batched_tokens=16,
+        post_step_fns=[FenceOracle()],
+    )
+    e.add_request(range(1, 17), 24, req_id="a")
+    for _ in range(4):
+        e.step()
+    e.reset_cache()
+    e.drain()
