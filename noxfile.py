@@ -90,6 +90,9 @@ def fence_audit(session: nox.Session, *args: str) -> None:
     session.run(str(bindir / "fence-audit"), *args, *session.posargs, external=True)
 
 
+BENCH_SUITE = "tests/v1/kv_connector/unit/offloading_connector/test_scheduler.py"
+
+
 @nox.session(venv_backend="none")
 def audit(session: nox.Session) -> None:
     """Run the audit end to end on the configured vLLM version."""
@@ -104,8 +107,12 @@ def coverage(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none", default=False)
 def bench(session: nox.Session) -> None:
-    """Time this executor against mutmut, fresh processes and the floor; print ratios."""
-    fence_audit(session, "bench")
+    """Time this executor against mutmut, fresh processes and the floor; print ratios.
+
+    The suite is fixed to vLLM's test_scheduler.py, the yardstick the ratios are
+    defined on; pass other options after `--`.
+    """
+    fence_audit(session, "bench", "--suite", f"vllm:{BENCH_SUITE}")
 
 
 @nox.session(venv_backend="none")
