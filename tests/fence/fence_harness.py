@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import fence_remote
 import torch
 from vllm import SamplingParams
 from vllm.config import (
@@ -34,10 +35,17 @@ from vllm.config import (
     set_current_vllm_config,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
+from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (
+    MultiConnector,
+    MultiKVConnectorMetadata,
+)
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
     OffloadingConnectorMetadata,
     OffloadingWorkerMetadata,
     TransferJob,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import (
+    OffloadingConnectorScheduler,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import (
     OffloadingConnector,
@@ -326,6 +334,16 @@ class Contents:
                 )
             self.write(block_id, expected, step, f"load job {transfer.job_id}")
 
+    def remote_load(
+        self, req_id: str, tokens: int, tables: tuple[list[int], ...], step: int
+    ) -> None:
+        """Another connector loads the first ``tokens`` tokens of ``req_id``."""
+        for table in tables:
+            for index in range(tokens // self.engine.block_size):
+                if index < len(table) and table[index] != 0:
+                    tag = self.expected_tag(req_id, index)
+                    self.write(table[index], tag, step, f"a remote load for {req_id}")
+
     def forward(self, output: SchedulerOutput, step: int) -> None:
         """The forward pass: write each computed block's tag."""
         bs = self.engine.block_size
@@ -404,6 +422,7 @@ class FenceEngine:
         delay: Delay | Callable[[int, bool], Delay] = 0,
         max_num_batched_tokens: int = 64,
         request_level: bool = False,
+        remote_source: bool = False,
         post_step_fns: Sequence[Callable[[FenceEngine], None]] = (),
         strict_contents: bool = True,
     ) -> None:
@@ -437,6 +456,7 @@ class FenceEngine:
             workers=workers,
             max_num_batched_tokens=max_num_batched_tokens,
             request_level=request_level,
+            remote_source=remote_source,
         )
         kv_cache_config = KVCacheConfig(
             num_blocks=num_gpu_blocks,
@@ -461,30 +481,50 @@ class FenceEngine:
             block_size=block_size,
             hash_block_size=block_size,
         )
-        connector = self.scheduler.connector
-        assert isinstance(connector, OffloadingConnector)
-        assert connector.connector_scheduler is not None
-        self.connector = connector.connector_scheduler
-
-        self.worker_connector = OffloadingConnector(config, KVConnectorRole.WORKER, kv_cache_config)
-        caches = {
-            name: torch.zeros(num_gpu_blocks, 2, block_size, 1, 1, dtype=torch.float32)
-            for g in groups
-            for name in g.layer_names
-        }
-        with set_current_vllm_config(config):
-            self.worker_connector.register_kv_caches(caches)
-        connector_worker = self.worker_connector.connector_worker
-        assert connector_worker is not None
-        spec = connector_worker.spec
-        assert isinstance(spec, FenceOffloadingSpec)
-        self.worker = spec.worker
-        self.worker.engine = self
+        self.remote_source = remote_source
+        self.connector = self._scheduler_side()
+        self.worker_connector = self._worker_side(config, kv_cache_config, num_gpu_blocks)
         self.contents = Contents(self)
 
         init_none_hash(sha256)
         self._hasher = get_request_block_hasher(block_size, sha256)
         self._ctx = ForwardContext(no_compile_layers={}, attn_metadata={}, slot_mapping={})
+
+    def _scheduler_side(self) -> OffloadingConnectorScheduler:
+        connector = self.scheduler.connector
+        if self.remote_source:  # MultiConnector: the OffloadingConnector, then the remote
+            assert isinstance(connector, MultiConnector)
+            connector = connector.sub_connectors[0]
+            fence_remote.ENGINE = self
+        assert isinstance(connector, OffloadingConnector)
+        assert connector.connector_scheduler is not None
+        return connector.connector_scheduler
+
+    def _worker_side(
+        self, config: VllmConfig, kv_cache_config: KVCacheConfig, num_gpu_blocks: int
+    ) -> OffloadingConnector | MultiConnector:
+        """The worker-role connector, its KV caches registered; finds the fake worker."""
+        worker_cls = MultiConnector if self.remote_source else OffloadingConnector
+        worker_connector = worker_cls(config, KVConnectorRole.WORKER, kv_cache_config)
+        caches = {
+            name: torch.zeros(num_gpu_blocks, 2, self.block_size, 1, 1, dtype=torch.float32)
+            for g in kv_cache_config.kv_cache_groups
+            for name in g.layer_names
+        }
+        with set_current_vllm_config(config):
+            worker_connector.register_kv_caches(caches)
+        offloading = (
+            worker_connector.sub_connectors[0]
+            if isinstance(worker_connector, MultiConnector)
+            else worker_connector
+        )
+        assert isinstance(offloading, OffloadingConnector)
+        assert offloading.connector_worker is not None
+        spec = offloading.connector_worker.spec
+        assert isinstance(spec, FenceOffloadingSpec)
+        self.worker = spec.worker
+        self.worker.engine = self
+        return worker_connector
 
     # -- configuration hooks -----------------------------------------------------
 
@@ -499,7 +539,15 @@ class FenceEngine:
 
     # -- requests ------------------------------------------------------------------
 
-    def add_request(self, prompt: Sequence[int], max_tokens: int, req_id: str | None = None) -> str:
+    def add_request(
+        self,
+        prompt: Sequence[int],
+        max_tokens: int,
+        req_id: str | None = None,
+        remote_tokens: int = 0,
+    ) -> str:
+        """Add a request; with ``remote_tokens``, the remote source (``remote_source``
+        engines) loads its first that many tokens asynchronously."""
         req_id = req_id if req_id is not None else f"r{next(self._ids)}"
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
         request = Request(
@@ -509,6 +557,8 @@ class FenceEngine:
             pooling_params=None,
             block_hasher=self._hasher,
         )
+        if remote_tokens:
+            request.kv_transfer_params = {fence_remote.PARAM: remote_tokens}
         self.requests[req_id] = request
         self.scheduler.add_request(request)
         return req_id
@@ -585,7 +635,10 @@ class FenceEngine:
         for key, block in self.block_tables().items():
             if before.get(key) != block:
                 allocated.setdefault(block, set()).add(key)
-        meta = output.kv_connector_metadata
+        full_meta = output.kv_connector_metadata
+        meta = (
+            full_meta.metadata[0] if isinstance(full_meta, MultiKVConnectorMetadata) else full_meta
+        )
         assert isinstance(meta, OffloadingConnectorMetadata)
         record = StepRecord(
             step=step,
@@ -604,8 +657,9 @@ class FenceEngine:
         self.reset_since_last_step = False
 
         # The worker side, in the model runner's order.
-        self.worker_connector.handle_preemptions(meta)
-        self.worker_connector.bind_connector_metadata(meta)
+        assert full_meta is not None
+        self.worker_connector.handle_preemptions(full_meta)
+        self.worker_connector.bind_connector_metadata(full_meta)
         self.worker_connector.start_load_kv(self._ctx)
         self.contents.forward(output, step)
         self.worker_connector.wait_for_save()
@@ -765,6 +819,7 @@ def vllm_config(
     workers: int = 1,
     max_num_batched_tokens: int = 64,
     request_level: bool = False,
+    remote_source: bool = False,
 ) -> VllmConfig:
     """A real vLLM config with the OffloadingConnector over :class:`FenceOffloadingSpec`."""
     model = ModelConfig(model=MODEL, dtype="float16", seed=0)
@@ -788,16 +843,31 @@ def vllm_config(
     }
     if blocks_per_chunk > 1:
         extra["block_size"] = block_size * blocks_per_chunk
+    offloading = {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": extra,
+    }
+    remote = {
+        "kv_connector": fence_remote.RemoteKVSource.__name__,
+        "kv_connector_module_path": fence_remote.__name__,
+        "kv_role": "kv_both",
+    }
+    transfer = (
+        KVTransferConfig(
+            kv_connector="MultiConnector",
+            kv_role="kv_both",
+            kv_connector_extra_config={"connectors": [offloading, remote]},
+        )
+        if remote_source
+        else KVTransferConfig(**offloading)  # type: ignore[arg-type]
+    )
     config = VllmConfig(
         model_config=model,
         scheduler_config=scheduler,
         cache_config=cache,
         device_config=DeviceConfig("cpu"),
-        kv_transfer_config=KVTransferConfig(
-            kv_connector="OffloadingConnector",
-            kv_role="kv_both",
-            kv_connector_extra_config=extra,
-        ),
+        kv_transfer_config=transfer,
     )
     config.parallel_config.world_size = workers
     return config

@@ -204,3 +204,25 @@ def test_every_preempted_request_is_flushed() -> None:
         assert held <= record.jobs_to_flush
         e.drain()
     assert e.fence == {}
+
+
+@BOTH
+def test_blocks_another_connector_loads_into_are_checked_against_the_fence(
+    async_scheduling: bool,
+) -> None:
+    """Under MultiConnector another connector may load a request's tokens; the
+    OffloadingConnector then sees the request with no external tokens of its own, and
+    must still collect its blocks before returning (vLLM issue #46951, fixed by PR
+    #47046): here b's remote load goes into a's freed blocks while a's store of them
+    is still in flight."""
+    e = engine(num_gpu_blocks=3, delay=None, remote_source=True, async_scheduling=async_scheduling)
+    e.run([Plan(range(1, 9), 1, req_id="a")])
+    (job,) = jobs_of(e, "a")
+    assert e.fence
+    e.add_request(range(50, 58), 1, req_id="b", remote_tokens=8)
+    record = e.step()
+    assert e.requests["b"].status.name == "WAITING_FOR_REMOTE_KVS"
+    assert set(record.allocated) == blocks_of(e, job)
+    assert job in record.jobs_to_flush
+    e.drain()
+    assert e.fence == {}
