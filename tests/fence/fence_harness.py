@@ -35,9 +35,11 @@ from vllm.config import (
     set_current_vllm_config,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorWorkerMetadata
 from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (
     MultiConnector,
     MultiKVConnectorMetadata,
+    MultiKVConnectorWorkerMetadata,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
     OffloadingConnectorMetadata,
@@ -701,23 +703,28 @@ class FenceEngine:
             self._pending_output = None
             self.scheduler.update_from_output(output, runner_output)
 
-    def _second_worker(
-        self, meta: OffloadingWorkerMetadata | None
-    ) -> OffloadingWorkerMetadata | None:
+    def _second_worker(self, meta: KVConnectorWorkerMetadata | None) -> Any:
         """With two workers, a second rank reports each job ``second_worker_lag``
-        steps after the first (it ran the same transfer, a little slower)."""
+        steps after the first (it ran the same transfer, a little slower). Under
+        MultiConnector, the OffloadingConnector's part of the metadata is the first."""
         if self.workers == 1:
             return meta
-        for job_id in meta.completed_jobs if meta else ():
+        multi = meta if isinstance(meta, MultiKVConnectorWorkerMetadata) else None
+        own = multi.metadata[0] if multi is not None else meta
+        assert own is None or isinstance(own, OffloadingWorkerMetadata)
+        for job_id in own.completed_jobs if own else ():
             self._echo.append((self.step_no + self.second_worker_lag, job_id))
         due = [job for when, job in self._echo if when <= self.step_no]
         self._echo = [(when, job) for when, job in self._echo if when > self.step_no]
-        if not due:
-            return meta
-        echo = OffloadingWorkerMetadata(completed_jobs=dict.fromkeys(due, 1))
-        merged = meta.aggregate(echo) if meta else echo
-        assert isinstance(merged, OffloadingWorkerMetadata)
-        return merged
+        if due:
+            echo = OffloadingWorkerMetadata(completed_jobs=dict.fromkeys(due, 1))
+            own = own.aggregate(echo) if own else echo
+        if not self.remote_source:
+            return own
+        others = multi.metadata[1:] if multi is not None else (None,)
+        if own is None and not any(others):
+            return None
+        return MultiKVConnectorWorkerMetadata(metadata=(own, *others))
 
     def _runner_output(
         self, output: SchedulerOutput, kv_output: KVConnectorOutput

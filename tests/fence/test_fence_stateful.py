@@ -92,6 +92,7 @@ class FenceMachine(RuleBasedStateMachine):
         cpu_chunks=st.integers(1, 24),
         workers=st.sampled_from([1, 1, 2]),
         blocks_per_chunk=st.sampled_from([1, 1, 2]),
+        remote_source=st.booleans(),
         delays=st.lists(st.one_of(st.none(), st.integers(0, 4)), min_size=1, max_size=8),
         seed=st.integers(0, 2**16),
     )
@@ -103,6 +104,7 @@ class FenceMachine(RuleBasedStateMachine):
         cpu_chunks: int,
         workers: int,
         blocks_per_chunk: int,
+        remote_source: bool,
         delays: list[int | None],
         seed: int,
     ) -> None:
@@ -121,6 +123,7 @@ class FenceMachine(RuleBasedStateMachine):
             cpu_chunks=cpu_chunks,
             workers=workers,
             delay=delay,
+            remote_source=remote_source,
             post_step_fns=[self.oracle],
         )
 
@@ -132,15 +135,23 @@ class FenceMachine(RuleBasedStateMachine):
         prefix=st.sampled_from(PREFIXES),
         tail=st.integers(0, MAX_TAIL),
         max_tokens=st.integers(1, MAX_TOKENS),
+        remote_blocks=st.sampled_from([0, 0, 1, 2, 8]),
     )
-    def add_request(self, prefix: tuple[int, ...], tail: int, max_tokens: int) -> None:
+    def add_request(
+        self, prefix: tuple[int, ...], tail: int, max_tokens: int, remote_blocks: int
+    ) -> None:
+        """A request; on engines with a second connector, that connector may load its
+        first ``remote_blocks`` blocks (if the prompt has them)."""
         assert self.engine is not None
         prompt = list(prefix) + list(range(self.next_tail, self.next_tail + tail))
         self.next_tail += tail
         if not prompt:
             prompt = [self.next_tail]
             self.next_tail += 1
-        self.engine.add_request(prompt, max_tokens)
+        remote = min(remote_blocks, (len(prompt) - 1) // BLOCK) * BLOCK
+        if not self.engine.remote_source:
+            remote = 0
+        self.engine.add_request(prompt, max_tokens, remote_tokens=remote)
 
     @precondition(_live)
     @rule(steps=st.integers(1, 4))
