@@ -14,29 +14,39 @@ from fence_oracle import FenceOracle
 A = list(range(1, 25))  # 24 tokens: 6 blocks of 4
 
 
+def _finish_a(max_tokens: int, layout: str = "sliding", **options: object) -> FenceEngine:
+    """Request a (a 24-token prompt) runs to its end with its first store held until
+    its last decode step: with a one-chunk CPU tier, a's other stores are refused
+    meanwhile (``prepare_store`` returns None) while its window moves on."""
+    e = FenceEngine(
+        layout=layout,  # type: ignore[arg-type]
+        window_blocks=2,
+        delay=lambda job_id, is_store: None if job_id == 0 else 0,
+        post_step_fns=[FenceOracle()],
+        **options,  # type: ignore[arg-type]
+    )
+    e.add_request(A, max_tokens, req_id="a")
+    while not e.requests["a"].is_finished():
+        if len(e.requests["a"].output_token_ids) >= max_tokens - 1:
+            e.worker.release()
+        e.step()
+    return e
+
+
 def _run_a_then_b(
     layout: str, blocks_per_chunk: int, async_scheduling: bool, cpu_chunks: int
 ) -> FenceEngine:
-    """Request a (24-token prompt, 4 new tokens) runs with its first store held until
-    its last decode step, so that with a one-chunk CPU tier its other stores are
-    refused (``prepare_store`` returns None) while its window moves on. Then the
-    GPU prefix cache is emptied and b, with a's prompt, looks a up in the CPU tier."""
-    e = FenceEngine(
+    """a as in :func:`_finish_a` (4 new tokens); then the GPU prefix cache is emptied
+    and b, with a's prompt, looks a up in the CPU tier."""
+    e = _finish_a(
+        4,
+        layout,
         num_gpu_blocks=8 if layout == "sliding" else 16,
-        layout=layout,  # type: ignore[arg-type]
-        window_blocks=2,
         blocks_per_chunk=blocks_per_chunk,
         cpu_chunks=cpu_chunks,
         max_num_batched_tokens=4 * blocks_per_chunk,
-        delay=lambda job_id, is_store: None if job_id == 0 else 0,
         async_scheduling=async_scheduling,
-        post_step_fns=[FenceOracle()],
     )
-    e.add_request(A, 4, req_id="a")
-    while not e.requests["a"].is_finished():
-        if len(e.requests["a"].output_token_ids) >= 3:
-            e.worker.release()
-        e.step()
     e.drain()
     assert e.scheduler.reset_prefix_cache()
     e.add_request(A, 2, req_id="b")
@@ -85,35 +95,6 @@ def test_stored_and_loaded_blocks_are_pinned(case: tuple, expected: tuple) -> No
     assert sorted(e.loaded_positions()) == loaded
 
 
-def test_tail_block_of_a_finished_request_reused_in_the_same_step_is_not_stored() -> None:
-    """The step after a finishes builds a's last sliding-window store; that same step
-    hands one of a's freed blocks to b. The zeroing walks every tracked request, the
-    finished one included, so the reused block is dropped from a's store (M-D5)."""
-    e = FenceEngine(
-        num_gpu_blocks=8,
-        layout="sliding",
-        window_blocks=2,
-        cpu_chunks=1,
-        max_num_batched_tokens=4,
-        delay=lambda job_id, is_store: None if job_id == 0 else 0,
-        post_step_fns=[FenceOracle()],
-    )
-    e.add_request(A, 4, req_id="a")
-    while not e.requests["a"].is_finished():
-        if len(e.requests["a"].output_token_ids) >= 3:
-            e.worker.release()
-        e.step()
-    tail = list(e.connector._req_status["a"].group_states[0].block_ids)
-    e.add_request(range(500, 504), 2, req_id="b")
-    record = e.step()
-    reused = {i for i, block in enumerate(tail) if block in record.allocated and i >= 4}
-    assert reused, "b did not take a block of a's unstored tail"
-    e.drain()
-    stored = {i for r, _, i in e.stored_positions() if r == "a"}
-    assert stored & reused == set()
-    assert 4 in stored
-
-
 def test_zeroing_covers_finished_requests_waiting_on_their_last_store() -> None:
     """The zeroing walks every tracked request, not only the scheduled ones (M-D5).
 
@@ -123,20 +104,7 @@ def test_zeroing_covers_finished_requests_waiting_on_their_last_store() -> None:
     walk over every tracked request zeroes the stale id and keeps it out of a's
     store. (Found by a search over 1440 small workloads; this is one that needs it.)
     """
-    e = FenceEngine(
-        num_gpu_blocks=7,
-        layout="sliding",
-        window_blocks=2,
-        cpu_chunks=1,
-        max_num_batched_tokens=16,
-        delay=lambda job_id, is_store: None if job_id == 0 else 0,
-        post_step_fns=[FenceOracle()],
-    )
-    e.add_request(A, 5, req_id="a")
-    while not e.requests["a"].is_finished():
-        if len(e.requests["a"].output_token_ids) >= 4:
-            e.worker.release()
-        e.step()
+    e = _finish_a(5, num_gpu_blocks=7, cpu_chunks=1, max_num_batched_tokens=16)
     tail = list(e.connector._req_status["a"].group_states[0].block_ids)
     e.add_request(range(500, 516), 2, req_id="b")
     record = e.step()
