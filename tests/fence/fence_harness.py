@@ -18,6 +18,7 @@ was still reading it? — without trusting the scheduler's own bookkeeping
 from __future__ import annotations
 
 import itertools
+import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -803,7 +804,7 @@ class FenceEngine:
 
 def _token(req_id: str, position: int) -> int:
     """A deterministic, request-specific token: outputs of different requests differ."""
-    return 1000 + (hash((req_id, position)) % 20000)
+    return 1000 + zlib.crc32(f"{req_id}:{position}".encode()) % 20000  # not hash(): seeded
 
 
 def _kv_cache_groups(layout: Layout, block_size: int, window_blocks: int) -> list[KVCacheGroupSpec]:
