@@ -338,11 +338,12 @@ class Contents:
             self.write(block_id, expected, step, f"load job {transfer.job_id}")
 
     def remote_load(
-        self, req_id: str, tokens: int, tables: tuple[list[int], ...], step: int
+        self, req_id: str, start: int, end: int, tables: tuple[list[int], ...], step: int
     ) -> None:
-        """Another connector loads the first ``tokens`` tokens of ``req_id``."""
+        """Another connector loads tokens ``[start, end)`` of ``req_id`` (whole blocks)."""
+        bs = self.engine.block_size
         for table in tables:
-            for index in range(tokens // self.engine.block_size):
+            for index in range(start // bs, end // bs):
                 if index < len(table) and table[index] != 0:
                     tag = self.expected_tag(req_id, index)
                     self.write(table[index], tag, step, f"a remote load for {req_id}")
@@ -386,6 +387,7 @@ class StepRecord:
     allocated: dict[int, set[tuple[str, int, int]]]
     fence_before: dict[int, frozenset[int]]  # the fence as schedule() found it
     jobs_before: dict[str, frozenset[int]]  # each tracked request's jobs, likewise
+    tables: dict[tuple[str, int, int], int]  # (request, group, index) -> block, after it
     finished: set[str] = field(default_factory=set)
 
 
@@ -634,8 +636,9 @@ class FenceEngine:
         fence_before = {b: frozenset(j) for b, j in self.fence.items()}
         jobs_before = {r: frozenset(s.transfer_jobs) for r, s in self.connector._req_status.items()}
         output = self.scheduler.schedule()
+        tables = self.block_tables()
         allocated: dict[int, set[tuple[str, int, int]]] = {}
-        for key, block in self.block_tables().items():
+        for key, block in tables.items():
             if before.get(key) != block:
                 allocated.setdefault(block, set()).add(key)
         full_meta = output.kv_connector_metadata
@@ -652,6 +655,7 @@ class FenceEngine:
             allocated=allocated,
             fence_before=fence_before,
             jobs_before=jobs_before,
+            tables=tables,
             finished=set(output.finished_req_ids),
         )
         self.store_jobs.update(meta.store_jobs)

@@ -211,11 +211,10 @@ class FenceOracle:
         # and that this step handed to another place, copies data the forward pass is
         # about to overwrite, unless flushed now. (A block shared through the prefix
         # cache, still held by the job's request, holds the same data: no hazard.)
-        tables = engine.block_tables()
         for job_id, job in sorted(record.store_jobs.items()):
             for block, place in _store_places(job):
                 others = record.allocated.get(block, set()) - {place}
-                if others and tables.get(place) != block and job_id not in flushed:
+                if others and record.tables.get(place) != block and job_id not in flushed:
                     found.append(
                         Violation(
                             "I3 same-step reuse",

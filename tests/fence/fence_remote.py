@@ -36,15 +36,15 @@ ENGINE: Any = None
 
 @dataclass
 class RemoteLoads(KVConnectorMetadata):
-    # request id -> (tokens loaded, block ids per KV-cache group)
-    loads: dict[str, tuple[int, tuple[list[int], ...]]] = field(default_factory=dict)
+    # request id -> (first token, end token, block ids per KV-cache group)
+    loads: dict[str, tuple[int, int, tuple[list[int], ...]]] = field(default_factory=dict)
 
 
 class RemoteKVSource(KVConnectorBase_V1, SupportsHMA):
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
-        self._claimed: set[str] = set()
-        self._pending: dict[str, tuple[int, tuple[list[int], ...]]] = {}
+        self._claimed: dict[str, int] = {}  # request id -> its first remote token
+        self._pending: dict[str, tuple[int, int, tuple[list[int], ...]]] = {}
         self._loading: list[str] = []  # worker side: loads started, reported next step
 
     # -- scheduler side ----------------------------------------------------------------
@@ -55,15 +55,17 @@ class RemoteKVSource(KVConnectorBase_V1, SupportsHMA):
         tokens = int((request.kv_transfer_params or {}).get(PARAM, 0))
         if request.request_id in self._claimed or tokens <= num_computed_tokens:
             return 0, False
+        self._claimed[request.request_id] = num_computed_tokens  # after local prefix hits
         return tokens - num_computed_tokens, True
 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
         if num_external_tokens > 0:
-            self._claimed.add(request.request_id)
+            start = self._claimed[request.request_id]
             self._pending[request.request_id] = (
-                num_external_tokens,
+                start,
+                start + num_external_tokens,
                 tuple(list(ids) for ids in blocks.get_block_ids()),
             )
 
@@ -82,8 +84,8 @@ class RemoteKVSource(KVConnectorBase_V1, SupportsHMA):
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, RemoteLoads)
-        for req_id, (tokens, tables) in meta.loads.items():
-            ENGINE.contents.remote_load(req_id, tokens, tables, ENGINE.step_no)
+        for req_id, (start, end, tables) in meta.loads.items():
+            ENGINE.contents.remote_load(req_id, start, end, tables, ENGINE.step_no)
             self._loading.append(req_id)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:

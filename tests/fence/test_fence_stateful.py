@@ -72,9 +72,10 @@ def _fitting_pool(layout: str) -> int:
     """The smallest pool that fits the longest request alone (plus the null block),
     so that every request can run; more requests than that compete and preempt."""
     longest = max(map(len, PREFIXES)) + MAX_TAIL + MAX_TOKENS
-    full = -(-longest // BLOCK)
-    sliding = 2 + 2  # the window (2 blocks) and the blocks a step straddles
-    return 1 + {"full": full, "sliding": sliding, "mixed": full + sliding}[layout]
+    blocks = -(-longest // BLOCK)
+    # A sliding-window group needs every block of a prompt it prefills in one step
+    # (it frees the ones left behind afterwards): as many as full attention.
+    return 1 + {"full": blocks, "sliding": blocks, "mixed": 2 * blocks}[layout]
 
 
 class FenceMachine(RuleBasedStateMachine):
