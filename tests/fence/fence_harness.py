@@ -450,6 +450,7 @@ class FenceEngine:
         self._ids = itertools.count()
         self._pending_output: tuple[SchedulerOutput, ModelRunnerOutput] | None = None
         self._echo: list[tuple[int, int]] = []  # (due step, job id) of the second worker
+        self._held_recving: dict[int, str] = {}  # load job -> request, until rank 2 reports
 
         groups = _kv_cache_groups(layout, block_size, window_blocks)
         config = vllm_config(
@@ -676,7 +677,7 @@ class FenceEngine:
         )
         worker_meta = self.worker_connector.build_connector_worker_meta()
         self.worker_connector.clear_connector_metadata()
-        worker_meta = self._second_worker(worker_meta)
+        worker_meta, finished_recving = self._second_worker(worker_meta, finished_recving)
 
         runner_output = self._runner_output(
             output,
@@ -708,28 +709,38 @@ class FenceEngine:
             self._pending_output = None
             self.scheduler.update_from_output(output, runner_output)
 
-    def _second_worker(self, meta: KVConnectorWorkerMetadata | None) -> Any:
+    def _second_worker(
+        self, meta: KVConnectorWorkerMetadata | None, recving: set[str] | None
+    ) -> tuple[Any, set[str] | None]:
         """With two workers, a second rank reports each job ``second_worker_lag``
-        steps after the first (it ran the same transfer, a little slower). Under
-        MultiConnector, the OffloadingConnector's part of the metadata is the first."""
+        steps after the first (it ran the same transfer, a little slower). A request
+        whose load finished counts as loaded only once both ranks have said so, as
+        vLLM's output aggregator does. Under MultiConnector, the OffloadingConnector's
+        part of the metadata is the first."""
         if self.workers == 1:
-            return meta
+            return meta, recving
         multi = meta if isinstance(meta, MultiKVConnectorWorkerMetadata) else None
         own = multi.metadata[0] if multi is not None else meta
         assert own is None or isinstance(own, OffloadingWorkerMetadata)
         for job_id in own.completed_jobs if own else ():
             self._echo.append((self.step_no + self.second_worker_lag, job_id))
+        recving = set(recving or ())
+        for job_id, job in self.load_jobs.items():
+            if job.req_id in recving and any(j == job_id for _, j in self._echo):
+                recving.discard(job.req_id)
+                self._held_recving[job_id] = job.req_id
         due = [job for when, job in self._echo if when <= self.step_no]
         self._echo = [(when, job) for when, job in self._echo if when > self.step_no]
+        recving.update(self._held_recving.pop(job) for job in due if job in self._held_recving)
         if due:
             echo = OffloadingWorkerMetadata(completed_jobs=dict.fromkeys(due, 1))
             own = own.aggregate(echo) if own else echo
         if not self.remote_source:
-            return own
+            return own, recving or None
         others = multi.metadata[1:] if multi is not None else (None,)
         if own is None and not any(others):
-            return None
-        return MultiKVConnectorWorkerMetadata(metadata=(own, *others))
+            return None, recving or None
+        return MultiKVConnectorWorkerMetadata(metadata=(own, *others)), recving or None
 
     def _runner_output(
         self, output: SchedulerOutput, kv_output: KVConnectorOutput
