@@ -69,6 +69,7 @@ from vllm.v1.kv_cache_interface import (
 from vllm.v1.kv_offload.base import (
     CanonicalKVCaches,
     GPULoadStoreSpec,
+    LoadStoreSpec,
     OffloadingManager,
     OffloadingSpec,
     OffloadingWorker,
@@ -253,22 +254,16 @@ class Contents:
         # worker connector's calls, would leave its queues half-updated.
         self.violations.append(message)
 
-    def _positions(
-        self, gpu: GPULoadStoreSpec, cpu: CPULoadStoreSpec
-    ) -> Iterable[tuple[int, int, int, tuple[int, int]]]:
-        """(group, block index in the request, GPU block id, CPU address) per block."""
+    def _positions(self, transfer: Transfer) -> Iterable[tuple[int, int, int, tuple[int, int]]]:
+        """(group, block index in the request, GPU block id, CPU address) per block: the
+        CPU spec lists one chunk per offload key, in the order of the blocks."""
         bpc = self.engine.blocks_per_chunk
-        block_ids = [int(b) for b in gpu.block_ids]
-        chunk_ids = [int(c) for c in cpu.block_ids]
-        offset = chunk_offset = 0
-        for group, (size, first) in enumerate(zip(gpu.group_sizes, gpu.block_indices, strict=True)):
-            for k in range(size):
-                index = first + k
-                chunk = chunk_offset + index // bpc - first // bpc
-                yield group, index, block_ids[offset + k], (chunk_ids[chunk], index % bpc)
-            offset += size
-            if size:
-                chunk_offset += (first + size - 1) // bpc - first // bpc + 1
+        chunk_ids = [int(c) for c in transfer.cpu.block_ids]
+        ordinal, last = -1, None
+        for group, index, block_id in self.engine.job_places[transfer.job_id]:
+            if (group, index // bpc) != last:
+                ordinal, last = ordinal + 1, (group, index // bpc)
+            yield group, index, block_id, (chunk_ids[ordinal], index % bpc)
 
     def expected_tag(self, req_id: str, index: int) -> Tag:
         request = self.engine.requests[req_id]
@@ -276,7 +271,7 @@ class Contents:
 
     def check_store_source(self, transfer: Transfer, step: int) -> None:
         job = self.engine.store_jobs[transfer.job_id]
-        for group, index, block_id, _ in self._positions(transfer.gpu, transfer.cpu):
+        for group, index, block_id, _ in self._positions(transfer):
             where = f"request {job.req_id}, group {group}, block index {index}"
             if block_id == 0:
                 self._fail(
@@ -296,7 +291,7 @@ class Contents:
             )
 
     def finish_store(self, transfer: Transfer, step: int) -> None:
-        for _, _index, block_id, address in self._positions(transfer.gpu, transfer.cpu):
+        for _, _index, block_id, address in self._positions(transfer):
             reads = self.reading.get(block_id, [])
             for read in [r for r in reads if r.job_id == transfer.job_id]:
                 reads.remove(read)
@@ -326,7 +321,7 @@ class Contents:
 
     def apply_load(self, transfer: Transfer, step: int) -> None:
         job = self.engine.load_jobs[transfer.job_id]
-        for _, index, block_id, address in self._positions(transfer.gpu, transfer.cpu):
+        for _, index, block_id, address in self._positions(transfer):
             expected = self.expected_tag(job.req_id, index)
             loaded = self.cpu.get(address)
             if loaded != expected:
@@ -444,6 +439,8 @@ class FenceEngine:
         self.requests: dict[str, Request] = {}
         self.store_jobs: dict[int, TransferJob] = {}
         self.load_jobs: dict[int, TransferJob] = {}
+        # job id -> (group, block index in the request, GPU block id), per source block
+        self.job_places: dict[int, list[tuple[int, int, int]]] = {}
         self.history: list[StepRecord] = []
         self.reset_since_last_step = False
         self._violations_seen = 0
@@ -661,6 +658,12 @@ class FenceEngine:
         )
         self.store_jobs.update(meta.store_jobs)
         self.load_jobs.update(meta.load_jobs)
+        for job_id, job in meta.store_jobs.items():
+            status = self.connector._req_status[job.req_id]
+            lists = [g.block_ids for g in status.group_states]
+            self.job_places[job_id] = spec_places(job.src_spec, lists)
+        for job_id, job in meta.load_jobs.items():
+            self.job_places[job_id] = spec_places(job.dst_spec)
         self.history.append(record)
         self.reset_since_last_step = False
 
@@ -812,9 +815,35 @@ class FenceEngine:
                 continue
             jobs = self.store_jobs if transfer.is_store else self.load_jobs
             req_id = jobs[transfer.job_id].req_id
-            for group, index, _, _ in self.contents._positions(transfer.gpu, transfer.cpu):
+            for group, index, _, _ in self.contents._positions(transfer):
                 found.add((req_id, group, index))
         return found
+
+
+def spec_places(
+    spec: LoadStoreSpec, lists: Sequence[Sequence[int]] | None = None
+) -> list[tuple[int, int, int]]:
+    """(group, block index in the request, GPU block id) of each block of a GPU spec.
+
+    ``block_indices`` gives the index of each group's first block. A store may skip
+    chunks in between (unreachable or null sliding-window chunks), so its later blocks
+    are found in ``lists``, the request's block ids per group as the connector had
+    them when it built the store; without ``lists`` the blocks are taken as contiguous.
+    """
+    assert isinstance(spec, GPULoadStoreSpec)
+    ids = [int(b) for b in spec.block_ids]
+    places: list[tuple[int, int, int]] = []
+    offset = 0
+    for group, (size, first) in enumerate(zip(spec.group_sizes, spec.block_indices, strict=True)):
+        index = first
+        for block in ids[offset : offset + size]:
+            if lists is not None:
+                while lists[group][index] != block:
+                    index += 1
+            places.append((group, index, block))
+            index += 1
+        offset += size
+    return places
 
 
 def _token(req_id: str, position: int) -> int:

@@ -22,8 +22,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from vllm.v1.kv_offload.base import GPULoadStoreSpec
-
 
 @dataclass(frozen=True)
 class Violation:
@@ -212,7 +210,8 @@ class FenceOracle:
         # about to overwrite, unless flushed now. (A block shared through the prefix
         # cache, still held by the job's request, holds the same data: no hazard.)
         for job_id, job in sorted(record.store_jobs.items()):
-            for block, place in _store_places(job):
+            for group, index, block in engine.job_places[job_id]:
+                place = (job.req_id, group, index)
                 others = record.allocated.get(block, set()) - {place}
                 if others and record.tables.get(place) != block and job_id not in flushed:
                     found.append(
@@ -234,17 +233,6 @@ class FenceOracle:
                     )
                 )
         return found
-
-
-def _store_places(job: Any) -> Iterable[tuple[int, tuple[str, int, int]]]:
-    spec = job.src_spec
-    assert isinstance(spec, GPULoadStoreSpec)
-    ids = [int(b) for b in spec.block_ids]
-    offset = 0
-    for group, (size, first) in enumerate(zip(spec.group_sizes, spec.block_indices, strict=True)):
-        for k in range(size):
-            yield ids[offset + k], (job.req_id, group, first + k)
-        offset += size
 
 
 def _places(places: Iterable[tuple[str, int, int]]) -> str:
