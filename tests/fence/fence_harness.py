@@ -93,6 +93,13 @@ Delay = int | None
 MODEL = "facebook/opt-125m"  # its config.json only; no weights, no tokenizer
 
 
+# A vLLM 0.33.0 bug the harness can tolerate (FenceEngine(tolerate=...)), so that
+# random workloads keep hunting for others: a request preempted by an async step while
+# its last token was in flight finishes with that token, and the connector builds its
+# final store from the blocks the preemption freed (docs/vllm-bug-preempted-final-store.md).
+PREEMPTED_THEN_FINISHED = "store of a request finished after its preemption"
+
+
 class ContentViolation(AssertionError):
     """A block was overwritten while a store still read it, or a store read wrong data."""
 
@@ -271,6 +278,11 @@ class Contents:
 
     def check_store_source(self, transfer: Transfer, step: int) -> None:
         job = self.engine.store_jobs[transfer.job_id]
+        if transfer.job_id in self.engine.stores_after_preemption:
+            # A known vLLM bug (PREEMPTED_THEN_FINISHED): recorded, not re-reported.
+            if PREEMPTED_THEN_FINISHED in self.engine.tolerate:
+                self.engine.known_bug_hits.append((PREEMPTED_THEN_FINISHED, transfer.job_id))
+                return
         for group, index, block_id, _ in self._positions(transfer):
             where = f"request {job.req_id}, group {group}, block index {index}"
             if block_id == 0:
@@ -423,6 +435,7 @@ class FenceEngine:
         max_num_batched_tokens: int = 64,
         request_level: bool = False,
         remote_source: bool = False,
+        tolerate: Sequence[str] = (),
         post_step_fns: Sequence[Callable[[FenceEngine], None]] = (),
         strict_contents: bool = True,
     ) -> None:
@@ -441,6 +454,9 @@ class FenceEngine:
         self.load_jobs: dict[int, TransferJob] = {}
         # job id -> (group, block index in the request, GPU block id), per source block
         self.job_places: dict[int, list[tuple[int, int, int]]] = {}
+        self.tolerate = frozenset(tolerate)
+        self.stores_after_preemption: set[int] = set()  # built with no computed KV left
+        self.known_bug_hits: list[tuple[str, int]] = []
         self.history: list[StepRecord] = []
         self.reset_since_last_step = False
         self._violations_seen = 0
@@ -659,6 +675,13 @@ class FenceEngine:
         self.store_jobs.update(meta.store_jobs)
         self.load_jobs.update(meta.load_jobs)
         for job_id, job in meta.store_jobs.items():
+            request = self.requests[job.req_id]
+            if (
+                request.is_finished()
+                and request.num_preemptions
+                and not request.num_computed_tokens
+            ):
+                self.stores_after_preemption.add(job_id)
             status = self.connector._req_status[job.req_id]
             lists = [g.block_ids for g in status.group_states]
             self.job_places[job_id] = spec_places(job.src_spec, lists)

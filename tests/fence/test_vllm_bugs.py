@@ -90,3 +90,35 @@ def test_reset_cache_with_three_block_chunks_does_not_store_a_reused_block() -> 
         e.step()
     e.reset_cache()
     e.drain()
+
+
+PREEMPTION_REPORT = "docs/vllm-bug-preempted-final-store.md"
+
+
+@pytest.mark.xfail(
+    raises=ContentViolation,
+    strict=True,
+    reason=(
+        "vLLM 0.33.0: with async scheduling, a request preempted while its last token "
+        "is in flight finishes with that token; the connector then builds its final "
+        "store from the blocks the preemption freed, which another request has "
+        f"already overwritten (see {PREEMPTION_REPORT})"
+    ),
+)
+def test_final_store_of_a_request_finished_after_its_preemption_reads_its_own_data() -> None:
+    """Found by the stateful tests (long profile). Async scheduling, a pool of 8
+    usable blocks: r2 (3-token prompt, 2 new tokens) is preempted at step 3, before
+    step 2's output (its last token) is applied; block 8, its block 0, goes to r1
+    and r1's forward pass writes it. The output then finishes r2, and at step 4 the
+    connector stores r2's block 0, from block 8."""
+    e = FenceEngine(
+        num_gpu_blocks=9,
+        async_scheduling=True,
+        cpu_chunks=2,
+        post_step_fns=[FenceOracle()],
+    )
+    e.add_request(range(1000, 1006), 4, req_id="r0")
+    e.add_request([*range(100, 112), *range(1006, 1013)], 3, req_id="r1")
+    e.add_request(range(1013, 1016), 2, req_id="r2")
+    e.run()
+    e.drain()
