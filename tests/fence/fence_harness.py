@@ -278,11 +278,11 @@ class Contents:
 
     def check_store_source(self, transfer: Transfer, step: int) -> None:
         job = self.engine.store_jobs[transfer.job_id]
-        if transfer.job_id in self.engine.stores_after_preemption:
-            # A known vLLM bug (PREEMPTED_THEN_FINISHED): recorded, not re-reported.
-            if PREEMPTED_THEN_FINISHED in self.engine.tolerate:
-                self.engine.known_bug_hits.append((PREEMPTED_THEN_FINISHED, transfer.job_id))
-                return
+        known = transfer.job_id in self.engine.stores_after_preemption
+        if known and PREEMPTED_THEN_FINISHED in self.engine.tolerate:
+            # A known vLLM bug: recorded, not reported again.
+            self.engine.known_bug_hits.append((PREEMPTED_THEN_FINISHED, transfer.job_id))
+            return
         for group, index, block_id, _ in self._positions(transfer):
             where = f"request {job.req_id}, group {group}, block index {index}"
             if block_id == 0:
