@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 import types
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ import pytest
 from _pytest.runner import runtestprotocol
 
 from audit import hermetic, overlay
-from audit.model import PROGRESS, LineEdit, apply_edits
+from audit.model import PROGRESS, LineEdit, apply_edits, is_project_test
 from audit.regions import find_code
 
 FAILURE_LINES = 15
@@ -103,6 +104,9 @@ class MutationLoop:
         self.spec = spec
         self.results = Path(spec["results_dir"])
         self.source = Path(spec["target_path"]).read_text()
+        # Kills so far, per function and per test: a test that killed a mutant of a
+        # function is tried first on the next mutants of that function.
+        self.kills: dict[str, Counter[str]] = defaultdict(Counter)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
@@ -174,6 +178,7 @@ class MutationLoop:
                 if mutant is None:
                     exhausted = True
                     break
+                mutant["tests"] = self.prioritised(mutant)
                 started = time.monotonic()
                 pid = os.fork()
                 if pid == 0:
@@ -220,6 +225,8 @@ class MutationLoop:
                 },
             )
         verdict = json.loads(result_file.read_text())
+        if verdict["status"] == "killed":
+            self.kills[mutant["function"]][verdict["killed_by"]] += 1
         emit(
             {
                 "event": "judged",
@@ -229,6 +236,17 @@ class MutationLoop:
                 "wall_s": round(duration, 3),  # fork to reaped, as the parent saw it
             }
         )
+
+    def prioritised(self, mutant: dict[str, Any]) -> list[str]:
+        """The mutant's tests, the ones that killed its function's other mutants first.
+
+        Only the order within each suite changes: vLLM's tests still run before this
+        project's, so that a kill by the project's means no test of vLLM's killed it.
+        """
+        kills = self.kills[mutant["function"]]
+        tests: list[str] = mutant["tests"]
+        position = {t: i for i, t in enumerate(tests)}
+        return sorted(tests, key=lambda t: (is_project_test(t), -kills[t], position[t]))
 
     def child(self, items: dict[str, pytest.Item], mutant: dict[str, Any]) -> None:
         # Every object inherited from the warm parent (vLLM, torch, the collected

@@ -24,10 +24,17 @@ from audit.baseline import Suite, WarmSession, pytest_args, spawn
 from audit.config import Config
 from audit.errors import AuditError, ExitCode, MutantsInert
 from audit.hermetic import child_environment, prepare_hf_home
-from audit.model import PROGRESS, LineEdit, Mutant, MutantResult, MutantStatus, Target
+from audit.model import (
+    PROGRESS,
+    LineEdit,
+    Mutant,
+    MutantResult,
+    MutantStatus,
+    Target,
+    is_project_test,
+)
 from audit.progress import ProgressBar
 from audit.regions import find_function, first_line
-from audit.results import is_project_test
 
 ENGINE_VERSION = 2  # bump when a verdict's meaning changes: old cache entries then miss
 

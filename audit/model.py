@@ -147,3 +147,10 @@ class MutantResult:
     tests_run: tuple[str, ...] = ()
     duration_s: float = 0.0
     cached: bool = False
+
+
+PROJECT_PREFIX = "project/"  # test ids of this project's suite (see baseline.stage_suite)
+
+
+def is_project_test(test_id: str) -> bool:
+    return test_id.startswith(PROJECT_PREFIX)

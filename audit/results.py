@@ -31,7 +31,15 @@ from typing import Any
 from audit import __version__
 from audit.catalogue import CatalogueMutants
 from audit.files import write_json
-from audit.model import CoverageMap, Mutant, MutantResult, MutantStatus, RegionCoverage, Target
+from audit.model import (
+    CoverageMap,
+    Mutant,
+    MutantResult,
+    MutantStatus,
+    RegionCoverage,
+    Target,
+    is_project_test,
+)
 from audit.mutants import OutOfRegion
 from audit.regions import Region, find_function, first_line
 
@@ -208,13 +216,6 @@ def _source(
             }
         )
     return {"path": str(target.path), "functions": functions}
-
-
-PROJECT_PREFIX = "project/"  # test ids of this project's suite (see baseline.stage_suite)
-
-
-def is_project_test(test_id: str) -> bool:
-    return test_id.startswith(PROJECT_PREFIX)
 
 
 def _by_vllm(mutants: Iterable[Mutant], verdicts: Mapping[str, MutantResult]) -> int:
