@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import zlib
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import fence_remote
@@ -395,7 +395,6 @@ class StepRecord:
     fence_before: dict[int, frozenset[int]]  # the fence as schedule() found it
     jobs_before: dict[str, frozenset[int]]  # each tracked request's jobs, likewise
     tables: dict[tuple[str, int, int], int]  # (request, group, index) -> block, after it
-    finished: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -670,7 +669,6 @@ class FenceEngine:
             fence_before=fence_before,
             jobs_before=jobs_before,
             tables=tables,
-            finished=set(output.finished_req_ids),
         )
         self.store_jobs.update(meta.store_jobs)
         self.load_jobs.update(meta.load_jobs)
@@ -718,9 +716,6 @@ class FenceEngine:
             self._pending_output = (output, runner_output)
         else:
             self.scheduler.update_from_output(output, runner_output)
-        for request in self.requests.values():
-            if request.is_finished():
-                record.finished.add(request.request_id)
         for fn in self.post_step_fns:
             fn(self)
         fresh = self.contents.violations[self._violations_seen :]
