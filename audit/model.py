@@ -97,7 +97,7 @@ class MutantStatus(StrEnum):
     TIMEOUT = "timeout"
     NO_TESTS = "no_tests"  # no test of the suite executes the mutated lines
     ERROR = "error"  # the mutant could not be judged (crash, does not compile, ...)
-    EQUIVALENT = "equivalent"  # survived, and reviewed as equivalent (mutants/equivalents.toml)
+    EQUIVALENT = "equivalent"  # survived or reached by no test, and reviewed as equivalent
 
 
 @dataclass(frozen=True, slots=True)

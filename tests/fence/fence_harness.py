@@ -115,9 +115,7 @@ class Transfer:
     is_store: bool
     gpu: GPULoadStoreSpec
     cpu: CPULoadStoreSpec
-    submitted_step: int
     remaining: Delay
-    flushed: bool = False
 
 
 class FakeTransferWorker(OffloadingWorker):
@@ -137,9 +135,7 @@ class FakeTransferWorker(OffloadingWorker):
         assert isinstance(cpu, CPULoadStoreSpec)
         if job_id in self.submitted:
             raise AssertionError(f"job {job_id} submitted twice to the worker")
-        transfer = Transfer(
-            job_id, is_store, gpu, cpu, self.engine.step_no, self.engine.delay_of(job_id)
-        )
+        transfer = Transfer(job_id, is_store, gpu, cpu, self.engine.delay_of(job_id))
         self.in_flight[job_id] = transfer
         self.submitted[job_id] = transfer
         self.order.append(("submit", job_id))
@@ -169,7 +165,6 @@ class FakeTransferWorker(OffloadingWorker):
             self.order.append(("wait", job_id))
             self.flushed.add(job_id)
             if job_id in self.in_flight:
-                self.in_flight[job_id].flushed = True
                 self._complete(job_id)
             elif job_id not in self.submitted:
                 raise AssertionError(f"wait() on job {job_id}, which was never submitted")
@@ -184,11 +179,10 @@ class FakeTransferWorker(OffloadingWorker):
             else:
                 transfer.remaining -= 1
 
-    def release(self, job_ids: Iterable[int] | None = None) -> None:
-        """Let held transfers (delay None) complete at the next tick."""
-        for job_id, transfer in self.in_flight.items():
-            if job_ids is None or job_id in job_ids:
-                transfer.remaining = 0
+    def release(self) -> None:
+        """Let every held transfer (delay None) complete at the next tick."""
+        for transfer in self.in_flight.values():
+            transfer.remaining = 0
 
     def get_finished(self) -> list[TransferResult]:
         done, self.done = self.done, []
@@ -241,7 +235,6 @@ Tag = Any
 @dataclass
 class StoreRead:
     job_id: int
-    block_id: int
     expected: Tag
     where: str  # "request r, group g, block i"
 
@@ -299,7 +292,7 @@ class Contents:
                     f"{_show(expected)}"
                 )
             self.reading.setdefault(block_id, []).append(
-                StoreRead(transfer.job_id, block_id, expected, where)
+                StoreRead(transfer.job_id, expected, where)
             )
 
     def finish_store(self, transfer: Transfer, step: int) -> None:
@@ -585,7 +578,9 @@ class FenceEngine:
         self.scheduler.finish_requests(req_id, RequestStatus.FINISHED_ABORTED)
 
     def preempt_all(self) -> None:
-        """Preempt every running request at the next schedule() (no free blocks)."""
+        """Preempt every running request now, as the engine's
+        reset_prefix_cache(reset_running_requests=True) does (it also empties the GPU
+        prefix cache); the next schedule() reports them preempted."""
         self.scheduler.reset_prefix_cache(reset_running_requests=True)
 
     def reset_cache(self) -> bool:
