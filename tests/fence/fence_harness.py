@@ -427,6 +427,8 @@ class FenceEngine:
         max_num_batched_tokens: int = 64,
         request_level: bool = False,
         remote_source: bool = False,
+        retention_interval: int | None = 0,
+        eagle: bool = False,
         tolerate: Sequence[str] = (),
         post_step_fns: Sequence[Callable[[FenceEngine], None]] = (),
         strict_contents: bool = True,
@@ -457,7 +459,7 @@ class FenceEngine:
         self._echo: list[tuple[int, int]] = []  # (due step, job id) of the second worker
         self._held_recving: dict[int, str] = {}  # load job -> request, until rank 2 reports
 
-        groups = _kv_cache_groups(layout, block_size, window_blocks)
+        groups = _kv_cache_groups(layout, block_size, window_blocks, eagle)
         config = vllm_config(
             block_size=block_size,
             num_gpu_blocks=num_gpu_blocks,
@@ -468,6 +470,7 @@ class FenceEngine:
             max_num_batched_tokens=max_num_batched_tokens,
             request_level=request_level,
             remote_source=remote_source,
+            retention_interval=retention_interval,
         )
         kv_cache_config = KVCacheConfig(
             num_blocks=num_gpu_blocks,
@@ -481,6 +484,9 @@ class FenceEngine:
                 for g in groups
             ],
             kv_cache_groups=groups,
+            # as vLLM's kv_cache_planning does: the KV-cache manager and the
+            # connector read the same retention
+            prefix_cache_retention_interval=retention_interval,
         )
         self.vllm_config = config
         scheduler_cls = AsyncScheduler if async_scheduling else Scheduler
@@ -864,12 +870,16 @@ def _token(req_id: str, position: int) -> int:
     return 1000 + zlib.crc32(f"{req_id}:{position}".encode()) % 20000  # not hash(): seeded
 
 
-def _kv_cache_groups(layout: Layout, block_size: int, window_blocks: int) -> list[KVCacheGroupSpec]:
+def _kv_cache_groups(
+    layout: Layout, block_size: int, window_blocks: int, eagle: bool = False
+) -> list[KVCacheGroupSpec]:
     common = {"block_size": block_size, "num_kv_heads": 1, "head_size": 1, "dtype": torch.float32}
     full = KVCacheGroupSpec(["full"], FullAttentionSpec(**common))  # type: ignore[arg-type]
     sliding = KVCacheGroupSpec(
         ["sliding"],
         SlidingWindowSpec(**common, sliding_window=window_blocks * block_size),  # type: ignore[arg-type]
+        # an EAGLE drafter's group, as the model runner tags it; no drafter runs
+        is_eagle_group=eagle,
     )
     return {"full": [full], "sliding": [sliding], "mixed": [full, sliding]}[layout]
 
@@ -885,6 +895,7 @@ def vllm_config(
     max_num_batched_tokens: int = 64,
     request_level: bool = False,
     remote_source: bool = False,
+    retention_interval: int | None = 0,
 ) -> VllmConfig:
     """A real vLLM config with the OffloadingConnector over :class:`FenceOffloadingSpec`."""
     model = ModelConfig(model=MODEL, dtype="float16", seed=0)
@@ -899,6 +910,7 @@ def vllm_config(
     )
     cache = CacheConfig(block_size=block_size, enable_prefix_caching=True)
     cache.num_gpu_blocks = num_gpu_blocks
+    cache.prefix_cache_retention_interval = retention_interval
     extra: dict[str, Any] = {
         "spec_name": FenceOffloadingSpec.__name__,
         "spec_module_path": __name__,

@@ -8,7 +8,7 @@ at, not silently accepted.
 from __future__ import annotations
 
 import pytest
-from fence_harness import FenceEngine
+from fence_harness import FenceEngine, Plan
 from fence_oracle import FenceOracle
 
 A = list(range(1, 25))  # 24 tokens: 6 blocks of 4
@@ -95,48 +95,117 @@ def test_stored_and_loaded_blocks_are_pinned(case: tuple, expected: tuple) -> No
     assert sorted(e.loaded_positions()) == loaded
 
 
-def test_zeroing_covers_finished_requests_waiting_on_their_last_store() -> None:
-    """The zeroing walks every tracked request, not only the scheduled ones (M-D5).
+def test_final_store_skips_a_last_block_handed_on_in_the_same_step() -> None:
+    """The zeroing walks every tracked request, not only the scheduled ones (M-D5),
+    and up to the last block a request holds (catalogue:
+    sliding-window-window-skips-last).
 
-    a finishes; the next step builds its last sliding-window store (for block index
-    4, its store refused earlier while the one-chunk CPU tier was busy) and, in the
-    same step, hands that block to b. a is not scheduled in that step, so only a
-    walk over every tracked request zeroes the stale id and keeps it out of a's
-    store. (Found by a search over 1440 small workloads; this is one that needs it.)
+    Async scheduling, dense retention, chunks of two blocks. r0 (19-token prompt, 6
+    new tokens) ends at 24 computed tokens: its last chunk (block indices 4 and 5) is
+    left for its final store. In the step that builds that store, r0 is not
+    scheduled and vLLM hands r0's block index 5 to r2. Only the zeroing keeps it
+    out of the store: a store job created in that step is not flushed, so it would
+    read the block after r2's forward pass wrote it. (Found by a search over 500
+    random workloads with dense retention.)
     """
-    e = _finish_a(5, num_gpu_blocks=7, cpu_chunks=1, max_num_batched_tokens=16)
-    tail = list(e.connector._req_status["a"].group_states[0].block_ids)
-    e.add_request(range(500, 516), 2, req_id="b")
-    record = e.step()
-    assert tail[4] in record.allocated, "b did not take the block of a's unstored chunk"
-    assert ("a", 0, 4) not in set(e.stored_positions())
-    e.drain()
-    assert ("a", 0, 4) not in e.stored_positions()
-
-
-def test_request_level_store_skips_null_blocks_inside_a_chunk() -> None:
-    """A tier that wants every chunk (REQUEST_LEVEL) gets b's prefix hits stored too.
-    b's sliding-window table holds the null block before its window, so one of b's
-    3-block chunks is [null, x, y]: the store keeps x and y, and never reads, stores
-    or fences the null block (M-A9; the chunk loop must skip a null block, not stop)."""
     e = FenceEngine(
-        num_gpu_blocks=10,
         layout="sliding",
-        window_blocks=2,
+        window_blocks=3,
+        blocks_per_chunk=2,
+        async_scheduling=True,
+        num_gpu_blocks=7,
+        retention_interval=None,
+        post_step_fns=[FenceOracle()],
+    )
+    records = e.run(
+        [
+            Plan(range(200, 219), 6, req_id="r0"),
+            Plan(range(100, 112), 5, arrive_at=2, req_id="r3"),
+            Plan(range(100, 108), 4, arrive_at=4, req_id="r2"),
+        ]
+    )
+    e.drain()
+    (final,) = [r for r in records if "r0" in r.output.finished_req_ids]
+    before = records[records.index(final) - 1]
+    last_block = before.tables[("r0", 0, 5)]
+    assert ("r2", 0, 1) in final.allocated.get(last_block, ()), (
+        "r2 did not take the block of r0's last block index in r0's final step"
+    )
+    assert ("r0", 0, 5) not in e.stored_positions()
+    assert ("r0", 0, 4) not in e.stored_positions()
+
+
+def test_a_chunk_whose_last_block_is_null_is_not_stored() -> None:
+    """A chunk is offered for storing only if its last block is not null, even when
+    the null block is one no hit can need (catalogue:
+    sliding-window-no-null-last-block-skip).
+
+    An EAGLE drafter's sliding-window group, chunks of three blocks, vLLM's default
+    retention. r0 (10-token prompt, 3 new tokens) ends with one chunk, never stored
+    while it ran (its stores wait on a slow worker). When r0 finishes, vLLM hands
+    its block indices 1 and 2 to r1, so the connector zeroes them: the chunk is
+    [block, null, null]. With the EAGLE shift only block index 0 is reachable, so
+    the null blocks are unreachable and the reachable one is intact; the connector
+    still skips the whole chunk, as its comment says (a null last block means a
+    skipped or stale chunk). Storing block 0 alone would not corrupt anything: this
+    pins 0.33.0's rule. (Found by a search over 500 random EAGLE workloads.)
+    """
+    e = FenceEngine(
+        layout="sliding",
+        window_blocks=3,
         blocks_per_chunk=3,
-        max_num_batched_tokens=12,
+        num_gpu_blocks=6,
+        delay=3,
+        eagle=True,
+        post_step_fns=[FenceOracle()],
+    )
+    records = e.run(
+        [
+            Plan(range(0, 10), 3, arrive_at=2, req_id="r0"),
+            Plan(range(100, 115), 7, arrive_at=4, req_id="r1"),
+        ]
+    )
+    e.drain()
+    (final,) = [r for r in records if "r0" in r.output.finished_req_ids]
+    before = records[records.index(final) - 1]
+    handed = {before.tables[("r0", 0, i)] for i in (1, 2)}
+    assert handed <= final.allocated.keys(), "r1 did not take r0's block indices 1 and 2"
+    assert sorted(e.stored_positions()) == [("r1", 0, 0), ("r1", 0, 1), ("r1", 0, 2)]
+
+
+def test_a_null_block_inside_a_stored_chunk_is_neither_read_nor_fenced() -> None:
+    """The per-block loop skips a null block and goes on with the chunk's other
+    blocks (M-A9; catalogue: population-registers-null-block).
+
+    A one-block window, chunks of three blocks, a REQUEST_LEVEL tier. r1 finishes,
+    then r0 (16-token prompt) prefills in two 8-token steps. In the second, vLLM frees
+    r0's block index 0 (out of the window) and hands the same block back to r0 for
+    index 2, so the connector zeroes index 0: chunk 0 is [null, x, y], and its null
+    block is unreachable. The store reads x and y; block 0 never enters the job's
+    lists or the fence (the oracle's I8c). (Found by a search over 150 random
+    workloads.)
+    """
+    e = FenceEngine(
+        layout="sliding",
+        window_blocks=1,
+        blocks_per_chunk=3,
+        num_gpu_blocks=10,
+        cpu_chunks=8,
+        delay=3,
+        max_num_batched_tokens=8,
         request_level=True,
         post_step_fns=[FenceOracle()],
     )
-    e.add_request(A, 1, req_id="a")
-    e.run()
-    e.add_request([*A, *range(900, 908)], 3, req_id="b")  # a's prompt: GPU prefix hits
-    e.run()
+    records = e.run(
+        [
+            Plan(range(0, 7), 2, arrive_at=2, req_id="r1"),
+            Plan(range(100, 116), 3, arrive_at=4, req_id="r0"),
+        ]
+    )
     e.drain()
-    assert sorted(e.stored_positions()) == [
-        ("a", 0, 0),
-        ("a", 0, 1),
-        ("a", 0, 2),
-        ("b", 0, 4),
-        ("b", 0, 5),
-    ]
+    (first,) = [r for r in records if any(j.req_id == "r0" for j in r.store_jobs.values())]
+    before = records[records.index(first) - 1]
+    assert ("r0", 0, 2) in first.allocated[before.tables[("r0", 0, 0)]], (
+        "r0's block index 0 did not come back to it as index 2"
+    )
+    assert sorted(e.stored_positions()) == [("r0", 0, 1), ("r0", 0, 2)]

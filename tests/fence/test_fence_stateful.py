@@ -94,6 +94,8 @@ class FenceMachine(RuleBasedStateMachine):
         workers=st.sampled_from([1, 1, 2]),
         blocks_per_chunk=st.sampled_from([1, 1, 2]),
         remote_source=st.booleans(),
+        retention=st.sampled_from([0, None]),
+        eagle=st.booleans(),
         delays=st.lists(st.one_of(st.none(), st.integers(0, 4)), min_size=1, max_size=8),
         seed=st.integers(0, 2**16),
     )
@@ -106,6 +108,8 @@ class FenceMachine(RuleBasedStateMachine):
         workers: int,
         blocks_per_chunk: int,
         remote_source: bool,
+        retention: int | None,
+        eagle: bool,
         delays: list[int | None],
         seed: int,
     ) -> None:
@@ -125,6 +129,10 @@ class FenceMachine(RuleBasedStateMachine):
             workers=workers,
             delay=delay,
             remote_source=remote_source,
+            # vLLM's default checkpoint retention, or dense (which brings in the
+            # final sliding-window tail); an EAGLE drafter's sliding-window group
+            retention_interval=retention,
+            eagle=eagle,
             # A known vLLM bug, kept in test_vllm_bugs.py: tolerated here so that the
             # random workloads keep hunting for other failures.
             tolerate=(PREEMPTED_THEN_FINISHED,),

@@ -14,17 +14,25 @@ from fence_oracle import FenceOracle
 REPORT = "docs/vllm-bug-reset-sliding-window.md"
 
 
-def _sliding_window_request_past_its_window(async_scheduling: bool, layout: str) -> FenceEngine:
+RETENTION = pytest.mark.parametrize("retention", [0, None], ids=["retention-0", "retention-dense"])
+
+
+def _sliding_window_request_past_its_window(
+    async_scheduling: bool, layout: str, retention: int | None
+) -> FenceEngine:
     """One request on a sliding-window group (window: 2 blocks of 4 tokens) in a
-    pool of 4 usable blocks. Its prompt's first block (id 1) is stored; decoding
-    moves the window on, vLLM frees block 1, and hands it back to the same request
-    for a later position. The connector's copy of the request's block ids still
-    holds 1 at position 0: harmless while position 0 counts as stored."""
+    pool of 3 usable blocks (9 beside a full-attention group), with vLLM's default
+    checkpoint retention (0) or dense retention (None). Its prompt's first block
+    (id 1) is stored; decoding moves the window on, vLLM frees block 1, and hands
+    it back to the same request for a later position. The connector's copy of the
+    request's block ids still holds 1 at position 0: harmless while position 0
+    counts as stored."""
     e = FenceEngine(
-        num_gpu_blocks=5 if layout == "sliding" else 12,
+        num_gpu_blocks=4 if layout == "sliding" else 10,
         layout=layout,  # type: ignore[arg-type]
         window_blocks=2,
         async_scheduling=async_scheduling,
+        retention_interval=retention,
         post_step_fns=[FenceOracle()],
     )
     e.add_request(range(1, 9), 16, req_id="a")
@@ -37,13 +45,14 @@ def _sliding_window_request_past_its_window(async_scheduling: bool, layout: str)
     raise AssertionError("the pool never handed position 0's block back")
 
 
+@RETENTION
 @pytest.mark.parametrize("layout", ["sliding", "mixed"])
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 def test_sliding_window_request_runs_clean_without_reset(
-    async_scheduling: bool, layout: str
+    async_scheduling: bool, layout: str, retention: int | None
 ) -> None:
     """The control: the same workload, no reset, no violation."""
-    e = _sliding_window_request_past_its_window(async_scheduling, layout)
+    e = _sliding_window_request_past_its_window(async_scheduling, layout, retention)
     e.drain()
     assert e.fence == {}
 
@@ -58,12 +67,13 @@ def test_sliding_window_request_runs_clean_without_reset(
         f"position's KV under position 0's key (see {REPORT})"
     ),
 )
+@RETENTION
 @pytest.mark.parametrize("layout", ["sliding", "mixed"])
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 def test_reset_cache_does_not_store_a_reused_sliding_window_block(
-    async_scheduling: bool, layout: str
+    async_scheduling: bool, layout: str, retention: int | None
 ) -> None:
-    e = _sliding_window_request_past_its_window(async_scheduling, layout)
+    e = _sliding_window_request_past_its_window(async_scheduling, layout, retention)
     e.reset_cache()  # the engine's reset_prefix_cache(reset_connector=True)
     e.drain()
 
