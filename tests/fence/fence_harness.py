@@ -55,7 +55,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import (
 )
 from vllm.forward_context import ForwardContext
 from vllm.utils.hashing import sha256
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.kv_cache_utils import (
+    get_request_block_hasher,
+    init_none_hash,
+    resolve_cache_hit_alignment_tokens,
+    resolve_kv_cache_block_sizes,
+)
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -265,9 +270,11 @@ class Contents:
                 ordinal, last = ordinal + 1, (group, index // bpc)
             yield group, index, block_id, (chunk_ids[ordinal], index % bpc)
 
-    def expected_tag(self, req_id: str, index: int) -> Tag:
-        request = self.engine.requests[req_id]
-        return request.block_hashes[index]
+    def expected_tag(self, req_id: str, group: int, index: int) -> Tag:
+        """The hash of the prefix that ends with block ``index`` of ``group`` (hashes
+        are chained, at the hash block size, which divides every group's)."""
+        per_block = self.engine.group_block_sizes[group] // self.engine.hash_block_size
+        return self.engine.requests[req_id].block_hashes[(index + 1) * per_block - 1]
 
     def check_store_source(self, transfer: Transfer, step: int) -> None:
         job = self.engine.store_jobs[transfer.job_id]
@@ -283,7 +290,7 @@ class Contents:
                     f"step {step}: store job {transfer.job_id} reads the null block ({where})"
                 )
                 continue
-            expected = self.expected_tag(job.req_id, index)
+            expected = self.expected_tag(job.req_id, group, index)
             actual = self.resolve(self.gpu.get(block_id))
             if actual != expected:
                 self._fail(
@@ -308,10 +315,14 @@ class Contents:
         """A block written by a forward pass holds its request's block hash once the
         block is full (with async scheduling the hash is known a step later)."""
         if isinstance(tag, tuple):
-            req_id, index, end = tag
-            hashes = self.engine.requests[req_id].block_hashes
-            if end >= (index + 1) * self.engine.block_size and index < len(hashes):
-                return hashes[index]
+            req_id, group, index, end = tag
+            size = self.engine.group_block_sizes[group]
+            hashes = len(self.engine.requests[req_id].block_hashes)
+            if (
+                end >= (index + 1) * size
+                and (index + 1) * size <= hashes * self.engine.hash_block_size
+            ):
+                return self.expected_tag(req_id, group, index)
         return tag
 
     def write(self, block_id: int, tag: Tag, step: int, by: str) -> None:
@@ -326,8 +337,8 @@ class Contents:
 
     def apply_load(self, transfer: Transfer, step: int) -> None:
         job = self.engine.load_jobs[transfer.job_id]
-        for _, index, block_id, address in self._positions(transfer):
-            expected = self.expected_tag(job.req_id, index)
+        for group, index, block_id, address in self._positions(transfer):
+            expected = self.expected_tag(job.req_id, group, index)
             loaded = self.cpu.get(address)
             if loaded != expected:
                 self._fail(
@@ -341,24 +352,24 @@ class Contents:
         self, req_id: str, start: int, end: int, tables: tuple[list[int], ...], step: int
     ) -> None:
         """Another connector loads tokens ``[start, end)`` of ``req_id`` (whole blocks)."""
-        bs = self.engine.block_size
-        for table in tables:
+        for group, table in enumerate(tables):
+            bs = self.engine.group_block_sizes[group]
             for index in range(start // bs, end // bs):
                 if index < len(table) and table[index] != 0:
-                    tag = self.expected_tag(req_id, index)
+                    tag = self.expected_tag(req_id, group, index)
                     self.write(table[index], tag, step, f"a remote load for {req_id}")
 
     def forward(self, output: SchedulerOutput, step: int) -> None:
         """The forward pass: write each computed block's tag."""
-        bs = self.engine.block_size
         for req_id, n in output.num_scheduled_tokens.items():
             request = self.engine.requests[req_id]
             end = request.num_computed_tokens
             start = end - n
             tables = self.engine.scheduler.kv_cache_manager.get_block_ids(req_id)
-            for index in range(start // bs, (end - 1) // bs + 1):
-                tag = (req_id, index, end)
-                for table in tables:
+            for group, table in enumerate(tables):
+                bs = self.engine.group_block_sizes[group]
+                for index in range(start // bs, (end - 1) // bs + 1):
+                    tag = (req_id, group, index, end)
                     if index < len(table) and table[index] != 0:
                         self.write(table[index], tag, step, f"the forward pass of {req_id}")
 
@@ -415,6 +426,7 @@ class FenceEngine:
         self,
         *,
         block_size: int = 4,
+        sliding_block_size: int | None = None,
         num_gpu_blocks: int = 16,
         layout: Layout = "full",
         window_blocks: int = 2,
@@ -459,7 +471,10 @@ class FenceEngine:
         self._echo: list[tuple[int, int]] = []  # (due step, job id) of the second worker
         self._held_recving: dict[int, str] = {}  # load job -> request, until rank 2 reports
 
-        groups = _kv_cache_groups(layout, block_size, window_blocks, eagle)
+        groups = _kv_cache_groups(
+            layout, block_size, window_blocks, eagle, sliding_block_size or block_size
+        )
+        self.group_block_sizes = [g.kv_cache_spec.block_size for g in groups]
         config = vllm_config(
             block_size=block_size,
             num_gpu_blocks=num_gpu_blocks,
@@ -488,6 +503,15 @@ class FenceEngine:
             # connector read the same retention
             prefix_cache_retention_interval=retention_interval,
         )
+        # as vLLM's engine core does: with several block sizes, the scheduler steps in
+        # their lcm and hashes in their gcd
+        scheduler_block_size, self.hash_block_size = resolve_kv_cache_block_sizes(
+            kv_cache_config, config
+        )
+        kv_cache_config.hash_block_size = self.hash_block_size
+        kv_cache_config.cache_hit_alignment_tokens = resolve_cache_hit_alignment_tokens(
+            kv_cache_config, config, scheduler_block_size, self.hash_block_size
+        )
         self.vllm_config = config
         scheduler_cls = AsyncScheduler if async_scheduling else Scheduler
         self.scheduler = scheduler_cls(
@@ -495,8 +519,8 @@ class FenceEngine:
             kv_cache_config=kv_cache_config,
             log_stats=False,
             structured_output_manager=StructuredOutputManager(config),
-            block_size=block_size,
-            hash_block_size=block_size,
+            block_size=scheduler_block_size,
+            hash_block_size=self.hash_block_size,
         )
         self.remote_source = remote_source
         self.connector = self._scheduler_side()
@@ -504,7 +528,7 @@ class FenceEngine:
         self.contents = Contents(self)
 
         init_none_hash(sha256)
-        self._hasher = get_request_block_hasher(block_size, sha256)
+        self._hasher = get_request_block_hasher(self.hash_block_size, sha256)
         self._ctx = ForwardContext(no_compile_layers={}, attn_metadata={}, slot_mapping={})
 
     def _scheduler_side(self) -> OffloadingConnectorScheduler:
@@ -524,7 +548,9 @@ class FenceEngine:
         worker_cls = MultiConnector if self.remote_source else OffloadingConnector
         worker_connector = worker_cls(config, KVConnectorRole.WORKER, kv_cache_config)
         caches = {
-            name: torch.zeros(num_gpu_blocks, 2, self.block_size, 1, 1, dtype=torch.float32)
+            name: torch.zeros(
+                num_gpu_blocks, 2, g.kv_cache_spec.block_size, 1, 1, dtype=torch.float32
+            )
             for g in kv_cache_config.kv_cache_groups
             for name in g.layer_names
         }
@@ -871,13 +897,17 @@ def _token(req_id: str, position: int) -> int:
 
 
 def _kv_cache_groups(
-    layout: Layout, block_size: int, window_blocks: int, eagle: bool = False
+    layout: Layout, block_size: int, window_blocks: int, eagle: bool, sliding_block_size: int
 ) -> list[KVCacheGroupSpec]:
-    common = {"block_size": block_size, "num_kv_heads": 1, "head_size": 1, "dtype": torch.float32}
-    full = KVCacheGroupSpec(["full"], FullAttentionSpec(**common))  # type: ignore[arg-type]
+    common = {"num_kv_heads": 1, "head_size": 1, "dtype": torch.float32}
+    full = KVCacheGroupSpec(["full"], FullAttentionSpec(block_size=block_size, **common))  # type: ignore[arg-type]
     sliding = KVCacheGroupSpec(
         ["sliding"],
-        SlidingWindowSpec(**common, sliding_window=window_blocks * block_size),  # type: ignore[arg-type]
+        SlidingWindowSpec(
+            block_size=sliding_block_size,
+            sliding_window=window_blocks * sliding_block_size,
+            **common,  # type: ignore[arg-type]
+        ),
         # an EAGLE drafter's group, as the model runner tags it; no drafter runs
         is_eagle_group=eagle,
     )
@@ -919,7 +949,7 @@ def vllm_config(
         "request_level": request_level,
     }
     if blocks_per_chunk > 1:
-        extra["block_size"] = block_size * blocks_per_chunk
+        extra["blocks_per_chunk"] = blocks_per_chunk
     offloading = {
         "kv_connector": "OffloadingConnector",
         "kv_role": "kv_both",
