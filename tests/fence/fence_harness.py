@@ -471,6 +471,11 @@ class FenceEngine:
         self._echo: list[tuple[int, int]] = []  # (due step, job id) of the second worker
         self._held_recving: dict[int, str] = {}  # load job -> request, until rank 2 reports
 
+        if sliding_block_size not in (None, block_size) and layout != "mixed":
+            raise ValueError(
+                f"sliding_block_size={sliding_block_size} differs from block_size="
+                f"{block_size}, which needs two groups: use layout='mixed'"
+            )
         groups = _kv_cache_groups(
             layout, block_size, window_blocks, eagle, sliding_block_size or block_size
         )

@@ -8,8 +8,8 @@ comes off.
 from __future__ import annotations
 
 import pytest
-from fence_harness import PREEMPTED_THEN_FINISHED, ContentViolation, FenceEngine
-from fence_oracle import FenceOracle
+from fence_harness import PREEMPTED_THEN_FINISHED, ContentViolation, FenceEngine, Plan
+from fence_oracle import FenceOracle, FenceViolation
 
 REPORT = "docs/vllm-bug-reset-sliding-window.md"
 
@@ -149,3 +149,63 @@ def test_tolerating_the_preemption_bug_skips_only_that_store() -> None:
     assert e.store_jobs[hit[1]].req_id == "r2"
     assert e.contents.violations == []
     assert e.fence == {}
+
+
+TAIL_REPORT = "docs/vllm-bug-final-sliding-window-tail.md"
+
+
+def _final_tail_workload(**options: object) -> FenceEngine:
+    """Full-attention blocks of 8 tokens, sliding-window blocks of 4 with a one-block
+    window, dense checkpoint retention, a pool of 7 usable blocks. r0 (11-token
+    prompt, 5 new tokens) decodes past its prompt; its sliding-window block index 2
+    is skipped as unreachable while it runs. r2 (r0's prompt and 2 more tokens)
+    waits for room and is admitted in the step after r0 finishes."""
+    config: dict[str, object] = {
+        "layout": "mixed",
+        "block_size": 8,
+        "sliding_block_size": 4,
+        "window_blocks": 1,
+        "num_gpu_blocks": 8,
+        "retention_interval": None,
+        "post_step_fns": [FenceOracle()],
+        **options,
+    }
+    e = FenceEngine(**config)  # type: ignore[arg-type]
+    e.run([Plan(range(0, 11), 5, req_id="r0"), Plan(range(0, 13), 4, arrive_at=2, req_id="r2")])
+    e.drain()
+    return e
+
+
+@pytest.mark.xfail(
+    raises=(FenceViolation, ContentViolation),
+    strict=True,
+    reason=(
+        "vLLM 0.33.0: a finished request's reconsidered final sliding-window tail "
+        "re-reads block ids below next_stored_chunk_idx, which the zeroing never "
+        "scans; a block the same step handed to another request is stored after that "
+        f"request's forward pass wrote it (see {TAIL_REPORT})"
+    ),
+)
+def test_reconsidered_final_sliding_window_tail_is_not_stored_from_a_reused_block() -> None:
+    """Fence brief 8.1, hazard (a). In the step after r0 finishes, vLLM hands r0's
+    sliding-window block index 2 (block 5) to r2's index 3. r0's final store
+    reconsiders its final tail and stores index 2 from block 5: not zeroed (below
+    the store progress), not flushed (the flush check ran before the job existed,
+    and sliding-window blocks get no inline flush). The oracle's I3 fails at that
+    step; the content model then sees the job read r2's data under r0's key."""
+    _final_tail_workload()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"retention_interval": 0}, {"sliding_block_size": 8}],
+    ids=["retention-0", "equal-block-sizes"],
+)
+def test_final_tail_workload_runs_clean_without_a_reconsidered_tail(
+    options: dict[str, object],
+) -> None:
+    """The controls: with vLLM's default retention (0), or with both groups on
+    8-token blocks, no final tail is reconsidered and the same workload is clean."""
+    e = _final_tail_workload(**options)
+    assert e.fence == {}
+    assert ("r0", 1, 2) not in e.stored_positions()
