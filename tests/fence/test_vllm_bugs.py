@@ -196,6 +196,20 @@ def test_reconsidered_final_sliding_window_tail_is_not_stored_from_a_reused_bloc
     _final_tail_workload()
 
 
+@pytest.mark.xfail(
+    raises=ContentViolation,
+    strict=True,
+    reason=f"the same vLLM 0.33.0 bug, with a block re-used in an earlier step (see {TAIL_REPORT})",
+)
+def test_reconsidered_final_tail_is_not_stored_from_a_block_reused_earlier() -> None:
+    """Fence brief 8.1, hazard (b). Chunks of three sliding-window blocks, 8 usable
+    blocks. While r0 decodes, the window frees its sliding-window block index 0
+    (block 3) and vLLM hands it back to r0 for index 3; the connector's copy keeps 3
+    at index 0, below the store progress, so it is never zeroed. r0's final store
+    reconsiders chunk 0 and reads block 3, which now holds r0's index 3."""
+    _final_tail_workload(blocks_per_chunk=3, num_gpu_blocks=9)
+
+
 @pytest.mark.parametrize(
     "options",
     [{"retention_interval": 0}, {"sliding_block_size": 8}],
