@@ -223,3 +223,36 @@ def test_final_tail_workload_runs_clean_without_a_reconsidered_tail(
     e = _final_tail_workload(**options)
     assert e.fence == {}
     assert ("r0", 1, 2) not in e.stored_positions()
+
+
+@pytest.mark.xfail(
+    raises=ContentViolation,
+    strict=True,
+    reason=f"the same vLLM 0.33.0 bug, with chunks of two blocks (see {TAIL_REPORT})",
+)
+def test_reconsidered_final_tail_with_two_block_chunks() -> None:
+    """16-token full-attention blocks and chunks of two 4-token sliding-window
+    blocks: r0's final store reconsiders its block index 4, whose block vLLM has
+    handed to r2, and reads r2's data. This case also tells apart the catalogue
+    entry sliding-window-start-in-chunks (zeroing from the chunk index, not the
+    block index): that zeroing reaches down to index 4 and hides the bug."""
+    e = FenceEngine(
+        layout="mixed",
+        block_size=16,
+        sliding_block_size=4,
+        window_blocks=2,
+        blocks_per_chunk=2,
+        num_gpu_blocks=15,
+        delay=3,
+        max_num_batched_tokens=8,
+        retention_interval=None,
+        post_step_fns=[FenceOracle()],
+    )
+    e.run(
+        [
+            Plan(range(100, 111), 10, req_id="r1"),
+            Plan(range(100, 122), 10, arrive_at=5, req_id="r0"),
+            Plan(range(0, 17), 9, arrive_at=5, req_id="r2"),
+        ]
+    )
+    e.drain()
