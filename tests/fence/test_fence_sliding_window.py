@@ -7,8 +7,10 @@ at, not silently accepted.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
-from fence_harness import FenceEngine, Plan
+from fence_harness import FenceEngine, Plan, StepRecord
 from fence_oracle import FenceOracle
 
 A = list(range(1, 25))  # 24 tokens: 6 blocks of 4
@@ -95,6 +97,15 @@ def test_stored_and_loaded_blocks_are_pinned(case: tuple, expected: tuple) -> No
     assert sorted(e.loaded_positions()) == loaded
 
 
+def _the_step_and_its_predecessor(
+    records: list[StepRecord], is_it: Callable[[StepRecord], bool]
+) -> tuple[StepRecord, StepRecord]:
+    """The only step ``is_it`` picks, and the step before it (whose tables show the
+    block ids as they were when that step began)."""
+    (step,) = [r for r in records if is_it(r)]
+    return records[records.index(step) - 1], step
+
+
 def test_final_store_skips_a_last_block_handed_on_in_the_same_step() -> None:
     """The zeroing walks every tracked request, not only the scheduled ones (M-D5),
     and up to the last block a request holds (catalogue:
@@ -125,8 +136,9 @@ def test_final_store_skips_a_last_block_handed_on_in_the_same_step() -> None:
         ]
     )
     e.drain()
-    (final,) = [r for r in records if "r0" in r.output.finished_req_ids]
-    before = records[records.index(final) - 1]
+    before, final = _the_step_and_its_predecessor(
+        records, lambda r: "r0" in r.output.finished_req_ids
+    )
     last_block = before.tables[("r0", 0, 5)]
     assert ("r2", 0, 1) in final.allocated.get(last_block, ()), (
         "r2 did not take the block of r0's last block index in r0's final step"
@@ -166,8 +178,9 @@ def test_a_chunk_whose_last_block_is_null_is_not_stored() -> None:
         ]
     )
     e.drain()
-    (final,) = [r for r in records if "r0" in r.output.finished_req_ids]
-    before = records[records.index(final) - 1]
+    before, final = _the_step_and_its_predecessor(
+        records, lambda r: "r0" in r.output.finished_req_ids
+    )
     handed = {before.tables[("r0", 0, i)] for i in (1, 2)}
     assert handed <= final.allocated.keys(), "r1 did not take r0's block indices 1 and 2"
     assert sorted(e.stored_positions()) == [("r1", 0, 0), ("r1", 0, 1), ("r1", 0, 2)]
@@ -203,8 +216,9 @@ def test_a_null_block_inside_a_stored_chunk_is_neither_read_nor_fenced() -> None
         ]
     )
     e.drain()
-    (first,) = [r for r in records if any(j.req_id == "r0" for j in r.store_jobs.values())]
-    before = records[records.index(first) - 1]
+    before, first = _the_step_and_its_predecessor(
+        records, lambda r: any(j.req_id == "r0" for j in r.store_jobs.values())
+    )
     assert ("r0", 0, 2) in first.allocated[before.tables[("r0", 0, 0)]], (
         "r0's block index 0 did not come back to it as index 2"
     )
