@@ -445,7 +445,6 @@ class FenceEngine:
         post_step_fns: Sequence[Callable[[FenceEngine], None]] = (),
         strict_contents: bool = True,
     ) -> None:
-        self.block_size = block_size
         self.blocks_per_chunk = blocks_per_chunk
         self.async_scheduling = async_scheduling
         self.layout = layout
