@@ -1,6 +1,6 @@
-"""Baseline: the fence suite under coverage, one context per test, in a child process.
+"""Baseline: the fence suite under coverage, one context per test, in a test process.
 
-The child (:mod:`audit._child`) runs in the hermetic environment of
+The test process (:mod:`audit.testproc`) runs in the hermetic environment of
 :mod:`audit.hermetic`; its whole output goes to ``reports/logs/baseline.log``. A red
 baseline or an empty selection stops the audit here, before any mutant.
 """
@@ -16,12 +16,22 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from audit.config import Config, SuitePath
 from audit.errors import BaselineFailed, ConfigError, NoTestsSelected
 from audit.hermetic import child_environment, prepare_hf_home
-from audit.model import PROGRESS, BaselineRun, Target, TestOutcome, TestResult
+from audit.model import BaselineRun, Target, TestResult
+from audit.protocol import (
+    PROJECT_PREFIX,
+    BaselineDone,
+    BaselineSpec,
+    Command,
+    Outcomes,
+    from_json,
+    parse_event,
+    to_json,
+    write_spec,
+)
 from audit.sources import TestSource
 
 PYTEST_NO_TESTS_COLLECTED = 5
@@ -60,7 +70,7 @@ def stage_suite(
 
     paths: list[str] = []
     for entry in entries:
-        prefix = "" if entry.root == "vllm" else "project/"
+        prefix = "" if entry.root == "vllm" else PROJECT_PREFIX
         file_part, sep, test_part = entry.path.partition("::")  # a node id selects one test
         if (root / prefix / file_part).exists():
             paths.append(f"{prefix}{file_part}{sep}{test_part}")
@@ -114,11 +124,11 @@ class WarmSession:
         for line in self.process.stdout:  # noqa: UP028
             yield line
 
-    def send(self, command: dict[str, Any]) -> None:
+    def send(self, command: Command) -> None:
         self.open = False
         try:
             with os.fdopen(self._commands, "w") as channel:
-                channel.write(json.dumps(command) + "\n")
+                channel.write(json.dumps(to_json(command)) + "\n")
         except BrokenPipeError:  # the process is gone already; close() collects it
             pass
 
@@ -153,40 +163,39 @@ def start_baseline(
     outcomes_file.unlink(missing_ok=True)
     read_end, write_end = os.pipe()
 
-    spec = {
+    spec = BaselineSpec(
         # With a checkout, only the target module is served from it; the rest of
         # vLLM is the installed package.
-        "overlay": {target.module: str(target.path)} if suite.source.checkout else {},
-        "include": [str(target.path)],
-        "data_file": str(data_file),
-        "outcomes": str(outcomes_file),
-        "pytest_args": pytest_args(suite, work),
-        "command_fd": read_end,
-    }
+        overlay={target.module: str(target.path)} if suite.source.checkout else {},
+        include=(str(target.path),),
+        data_file=str(data_file),
+        outcomes=str(outcomes_file),
+        pytest_args=tuple(pytest_args(suite, work)),
+        command_fd=read_end,
+    )
     spec_file = work / "baseline-spec.json"
-    spec_file.write_text(json.dumps(spec, indent=1))
+    write_spec(spec_file, spec)
 
     started = time.monotonic()
     with log.open("w") as out:
         out.write(f"# vLLM tests: {suite.source.origin}\n# selection: {suite.selection}\n")
-        process = spawn(config, suite, "audit._child", spec_file, pass_fds=(read_end,))
+        process = spawn(config, suite, spec_file, pass_fds=(read_end,))
         os.close(read_end)
         session = WarmSession(process, write_end, log)
         returncode: int | None = None
         for line in session.lines():
             out.write(line)
-            if PROGRESS in line:  # pytest's progress dots may precede it on the line
-                event = json.loads(line.split(PROGRESS, 1)[1])
-                if event.get("event") == "baseline_done":
-                    returncode = int(event["exit_code"])
-                    break
+            event = parse_event(line)
+            if isinstance(event, BaselineDone):
+                returncode = event.exit_code
+                break
     duration = time.monotonic() - started
     if returncode is None:  # the process ended before the end of its baseline
         session.open = False
         os.close(write_end)
         returncode = process.wait()
     try:
-        run = _judge(returncode, outcomes_file, suite, target, data_file, log, duration)
+        run = _check_outcomes(returncode, outcomes_file, suite, target, data_file, log, duration)
     except BaseException:
         session.close()
         raise
@@ -202,17 +211,17 @@ def run_baseline(config: Config, suite: Suite, target: Target, work: Path) -> Ba
 
 
 def spawn(
-    config: Config, suite: Suite, module: str, spec_file: Path, pass_fds: tuple[int, ...] = ()
+    config: Config, suite: Suite, spec_file: Path, pass_fds: tuple[int, ...] = ()
 ) -> subprocess.Popen[str]:
-    """Start a test process (``python -m MODULE SPEC``): hermetic, in the suite root,
-    its output (stderr included) on a text pipe."""
+    """Start a test process (``python -m audit.testproc SPEC``): hermetic, in the suite
+    root, its output (stderr included) on a text pipe."""
     hf_home = prepare_hf_home(config.cache_dir, config.offline_models)
     env = child_environment(os.environ, hf_home)
     if suite.plugins:  # each plugin imports by its module name, and its neighbours too
         folders = [str(p.parent) for p in suite.plugins]
         env["PYTHONPATH"] = os.pathsep.join([*folders, *filter(None, [env.get("PYTHONPATH")])])
     return subprocess.Popen(
-        [sys.executable, "-m", module, str(spec_file)],
+        [sys.executable, "-m", "audit.testproc", str(spec_file)],
         cwd=suite.root,
         env=env,
         stdout=subprocess.PIPE,
@@ -242,7 +251,7 @@ def pytest_args(suite: Suite, work: Path) -> list[str]:
     ]
 
 
-def _judge(
+def _check_outcomes(
     returncode: int,
     outcomes_file: Path,
     suite: Suite,
@@ -256,18 +265,18 @@ def _judge(
             f"the test process ended (exit {returncode}) before reporting any outcome",
             details={"log": str(log), "next": "read the log's last lines"},
         )
-    outcomes = json.loads(outcomes_file.read_text())
-    if outcomes["collection_errors"]:
-        first = outcomes["collection_errors"][0]
+    outcomes = from_json(Outcomes, json.loads(outcomes_file.read_text()))
+    if outcomes.collection_errors:
+        first = outcomes.collection_errors[0]
         raise BaselineFailed(
-            f"the fence suite failed to collect ({len(outcomes['collection_errors'])} errors)",
+            f"the fence suite failed to collect ({len(outcomes.collection_errors)} errors)",
             details={
-                "first error": first["nodeid"] or "(session)",
+                "first error": first.nodeid or "(session)",
                 "log": str(log),
                 "next": "fix the import error; a suite that does not load guards nothing",
             },
         )
-    if outcomes["collected"] == 0 or returncode == PYTEST_NO_TESTS_COLLECTED:
+    if outcomes.collected == 0 or returncode == PYTEST_NO_TESTS_COLLECTED:
         raise NoTestsSelected(
             "the test selection collected no test",
             details={
@@ -277,13 +286,8 @@ def _judge(
             },
         )
     tests = tuple(
-        TestResult(
-            test_id=test_id,
-            outcome=TestOutcome(entry["outcome"]),
-            duration_s=round(entry["duration_s"], 6),
-            failure=entry["failure"],
-        )
-        for test_id, entry in outcomes["tests"].items()
+        TestResult(test_id, record.outcome, round(record.duration_s, 6), record.failure)
+        for test_id, record in outcomes.tests.items()
     )
     red = [t for t in tests if t.outcome.is_red]
     if red or returncode not in (0, PYTEST_NO_TESTS_COLLECTED):

@@ -13,7 +13,6 @@ and writes ``reports/bench.json``. Timing claims in this project come from here.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import subprocess
 import sys
@@ -24,14 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from audit import executor
+from audit import executor, mutmut_adapter
 from audit.baseline import WarmSession, pytest_args
-from audit.executor import ExecutorOptions
 from audit.files import write_json
 from audit.hermetic import child_environment, prepare_hf_home
-from audit.model import Mutant, MutantResult, MutantStatus, apply_edits
+from audit.jobs import ExecutorOptions
+from audit.model import Mutant, MutantResult
 from audit.mutants import build_mutants
 from audit.pipeline import CoverageStage
+from audit.protocol import MutantStatus, PlainRunSpec, apply_edits, write_spec
 
 BENCH_FORMAT = 1
 
@@ -100,7 +100,7 @@ def run_bench(
     cold, ours_cold_s = judge(None)
 
     started = time.monotonic()
-    theirs = executor.judge_with_mutmut(config, stage.suite, prepared.target, mutants, fresh)
+    theirs = mutmut_adapter.judge(config, stage.suite, prepared.target, mutants, options.jobs)
     mutmut_s = time.monotonic() - started
 
     import_s = _vllm_import_seconds(config.cache_dir, config.offline_models, prepared.target.module)
@@ -201,22 +201,18 @@ def _fresh_process_seconds(
         tests = sorted(
             mutant.covered_by, key=lambda t: (stage.coverage_map.durations.get(t, 0.0), t)
         )
-        spec.write_text(
-            json.dumps(
-                {
-                    "overlay": {target.module: str(mutated)},
-                    "coverage": False,
-                    "select": tests,
-                    "pytest_args": [*pytest_args(stage.suite, work), "-x", "--tb=native"],
-                }
-            )
+        plain = PlainRunSpec(
+            overlay={target.module: str(mutated)},
+            select=tuple(tests),
+            pytest_args=(*pytest_args(stage.suite, work), "-x", "--tb=native"),
         )
+        write_spec(spec, plain)
         env = child_environment(
             os.environ, prepare_hf_home(cache_dir, stage.prepared.config.offline_models)
         )
         started = time.monotonic()
         subprocess.run(
-            [sys.executable, "-m", "audit._child", str(spec)],
+            [sys.executable, "-m", "audit.testproc", str(spec)],
             cwd=stage.suite.root,
             env=env,
             check=False,

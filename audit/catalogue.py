@@ -25,8 +25,10 @@ from pathlib import Path
 from typing import Literal
 
 from audit.errors import ConfigError
-from audit.model import LineEdit, Mutant, apply_edits
-from audit.regions import FunctionNode, Region, find_code, find_function, walk_statements
+from audit.model import Mutant
+from audit.protocol import LineEdit, apply_edits
+from audit.regions import FunctionNode, Region, find_function, walk_statements
+from audit.testproc.codeswap import find_code
 
 CATALOGUE_FORMAT = 1
 Action = Literal["delete", "replace", "edit", "insert_before", "insert_after", "move_after"]

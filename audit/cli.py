@@ -15,10 +15,11 @@ from audit import __version__, catalogue, environment, pipeline, sources
 from audit.config import Config, GateThresholds, load_config, parse_suite_path, percentage
 from audit.coverage_map import format_table
 from audit.errors import AuditError, ConfigError, ExitCode
-from audit.executor import ExecutorOptions
-from audit.gate import evaluate
-from audit.report_model import AuditResults, load_results
-from audit.reports import write_reports
+from audit.gate import GateResult
+from audit.jobs import ExecutorOptions
+from audit.model import percent_text
+from audit.report_model import load_results
+from audit.reports import Written
 from audit.results import format_scores
 
 
@@ -103,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     report = commands.add_parser(
         "report",
         parents=[common],
-        help="render index.html, summary.md and junit.xml from a saved audit.json",
+        help="render every report (index.html, regions/, summary.md, junit.xml, mutation.json) "
+        "from a saved audit.json",
     )
     report.add_argument("--results", type=Path, help="default: REPORTS/audit.json")
     report.add_argument(
@@ -252,7 +254,10 @@ def run(args: argparse.Namespace) -> ExitCode:
         stage_result = pipeline.mutate(stage, options, tuple(args.region), engine=args.engine)
         report_mutation(stage_result)
         assert gate is not None
-        return report_and_gate(config, reports / "audit.json", gate, previous)
+        reported = pipeline.report(config, reports / "audit.json", previous)
+        code = print_gate(pipeline.gate(reported.results, gate, config))
+        print_report_and_gate(reported, code)
+        return code
     print(
         f"fence-audit: baseline green: {len(stage.run.tests)} tests in "
         f"{stage.run.duration_s:.1f}s (log: {stage.run.log})"
@@ -307,36 +312,34 @@ def from_results(config: Config, args: argparse.Namespace) -> ExitCode:
     path = (args.results or config.reports_dir / "audit.json").resolve()
     if args.command == "gate":
         gate = thresholds(config, args)
-        return check_gate(load_results(path), gate, config)
+        return print_gate(pipeline.gate(load_results(path), gate, config))
     previous = load_results(args.compare) if args.compare else None
-    results = load_results(path)
-    written = write_reports(results, config.reports_dir, previous)
+    written = pipeline.report(config, path, previous).written
     print(f"fence-audit: report {written.index}; summary {written.summary}; {written.junit}")
+    print_skipped(written)
     return ExitCode.OK
 
 
-def report_and_gate(
-    config: Config, path: Path, gate: GateThresholds, previous: AuditResults | None
-) -> ExitCode:
-    reports = config.reports_dir
-    results = load_results(path)
-    written = write_reports(results, reports, previous)
-    code = check_gate(results, gate, config)
+def print_skipped(written: Written) -> None:
+    for name, reason in written.skipped.items():
+        print(f"fence-audit: {name} not written: {reason}")
+
+
+def print_report_and_gate(reported: pipeline.ReportStage, code: ExitCode) -> None:
     verdict = {
         ExitCode.OK: "gate passed",
         ExitCode.TIMEOUTS_ONLY: "gate failed on timeouts only (exit 3)",
     }.get(code, "gate FAILED (exit 2)")
-    score = results.overall.score
-    shown = "n/a" if score is None else f"{score:.1f}%"
+    overall = reported.results.overall
+    print_skipped(reported.written)
     print(
-        f"fence-audit: report {written.index}; score {shown} "
-        f"({results.overall.killed} killed of {results.overall.judged} judged); {verdict}"
+        f"fence-audit: report {reported.written.index}; score {percent_text(overall.score)} "
+        f"({overall.killed} killed of {overall.judged} judged); {verdict}"
     )
-    return code
 
 
-def check_gate(results: AuditResults, gate: GateThresholds, config: Config) -> ExitCode:
-    outcome = evaluate(results, gate, (region.name for region in config.regions))
+def print_gate(outcome: GateResult) -> ExitCode:
+    """The gate's checks, printed; its exit code returned."""
     if outcome.checks or outcome.not_run or outcome.overall_skipped:
         print(outcome.render())
     else:

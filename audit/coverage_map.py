@@ -20,9 +20,10 @@ from audit.model import (
     COVERAGE_MAP_FORMAT,
     REGIONS_FORMAT,
     BaselineRun,
-    Count,
     CoverageMap,
+    Fraction,
     RegionCoverage,
+    fraction_text,
 )
 from audit.regions import Region
 
@@ -93,8 +94,8 @@ def region_coverage(run: BaselineRun, regions: tuple[Region, ...]) -> tuple[Regi
                 description=region.description,
                 functions=region.functions,
                 spans=tuple((s.function, s.start, s.end) for s in region.spans),
-                lines=Count(covered=len(statements) - len(missed), total=len(statements)),
-                branches=Count(covered=branch_covered, total=branch_total),
+                lines=Fraction(covered=len(statements) - len(missed), total=len(statements)),
+                branches=Fraction(covered=branch_covered, total=branch_total),
                 missed_lines=missed,
                 tests=tuple(tests),
             )
@@ -182,8 +183,10 @@ def format_table(regions: tuple[RegionCoverage, ...]) -> str:
         (
             r.name,
             str(len(r.functions)),
-            f"{r.lines.covered}/{r.lines.total} ({r.lines.percent:.0f}%)",
-            f"{r.branches.covered}/{r.branches.total} ({r.branches.percent:.0f}%)",
+            # A region with no statement (or no branch line) has nothing left unrun:
+            # this table has always shown it as 100%, where the reports say n/a.
+            fraction_text(r.lines, empty=100.0),
+            fraction_text(r.branches, empty=100.0),
             str(len(r.tests)),
         )
         for r in regions

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from audit.errors import ConfigError
-from audit.model import Mutant, MutantResult, MutantStatus
+from audit.model import Mutant, MutantResult
+from audit.protocol import MutantStatus
 
 _KEYS = {"id", "function_sha256", "reason", "reviewed"}
 

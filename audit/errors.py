@@ -24,7 +24,7 @@ class ExitCode(IntEnum):
     SOURCE_UNAVAILABLE = 8  # vLLM's tests not in the cache and the index unreachable
     SOURCE_INTEGRITY = 9  # a download does not match the index's sha256
     TARGET_MODIFIED = 10  # the installed vLLM file changed during the run
-    MUTANTS_INERT = 11  # the forced-fail check: a mutant did not switch on
+    FORCED_FAIL_CHECK = 11  # a mutant that raises at once was not killed: mutants are inert
     CATALOGUE_STALE = 12  # `catalogue check`: an entry no longer applies to the source
     INTERNAL = 70  # a bug in fence-audit
 
@@ -78,5 +78,11 @@ class TargetModified(AuditError):
     exit_code = ExitCode.TARGET_MODIFIED
 
 
-class MutantsInert(AuditError):
-    exit_code = ExitCode.MUTANTS_INERT
+class ForcedFailCheckFailed(AuditError):
+    exit_code = ExitCode.FORCED_FAIL_CHECK
+
+
+class ExecutorFailed(AuditError):
+    """The test process could not judge the mutants (it died, or lost tests)."""
+
+    exit_code = ExitCode.INTERNAL

@@ -15,7 +15,12 @@ from typing import Any
 def write_json(path: Path, document: Any) -> None:
     """Write ``document`` as JSON: the old file or the new one, never half of one."""
     # Serialised first: an unserialisable document fails before anything is written.
-    write_text(path, json.dumps(document, indent=1, ensure_ascii=False) + "\n")
+    write_text(path, json_text(document))
+
+
+def json_text(document: Any) -> str:
+    """``document`` as every JSON file of the audit holds it (reports render it in memory)."""
+    return json.dumps(document, indent=1, ensure_ascii=False) + "\n"
 
 
 def write_text(path: Path, text: str) -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from audit.config import GateThresholds
 from audit.errors import ConfigError, ExitCode
+from audit.model import Fraction, percent_text
 from audit.report_model import AuditResults
 from audit.results import Tally
 
@@ -29,7 +30,7 @@ class Check:
     passed_without_timeouts: bool  # would pass if every timeout had been killed
 
     def render(self) -> str:
-        shown = "n/a" if self.value is None else f"{self.value:.2f}%"
+        shown = percent_text(self.value, 2)  # two decimals: what is compared (_at_least)
         verdict = "ok" if self.passed else "FAILED"
         return f"{self.name}: {shown} ({self.detail}), required {self.threshold:g}%: {verdict}"
 
@@ -113,11 +114,8 @@ def _score_check(name: str, tally: Tally, threshold: float) -> Check:
         detail += f", {tally.timeout} timed out"
     # Nothing judged is no evidence: it fails any threshold above 0.
     passed = score is not None and _at_least(score, threshold)
-    if tally.judged:
-        optimistic = 100.0 * (tally.killed + tally.timeout) / tally.judged
-        passed_without_timeouts = _at_least(optimistic, threshold)
-    else:
-        passed_without_timeouts = False
+    optimistic = Fraction(tally.killed + tally.timeout, tally.judged).percent
+    passed_without_timeouts = optimistic is not None and _at_least(optimistic, threshold)
     return Check(name, score, threshold, detail, passed, passed or passed_without_timeouts)
 
 

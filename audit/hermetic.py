@@ -3,14 +3,13 @@
 vLLM's test utilities build ``ModelConfig(model="facebook/opt-125m")``, which asks
 the Hugging Face hub for ``config.json``. The audit answers that offline from a
 private HF home in its cache, seeded with nothing but that file (no weights, no
-tokenizer), and the child process runs with every hub switched to offline mode
-and outgoing connections refused.
+tokenizer), and the test process runs with every hub switched to offline mode
+and outgoing connections refused (:func:`audit.testproc.isolation.block_network`).
 """
 
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
@@ -81,38 +80,6 @@ def child_environment(base: Mapping[str, str], hf_home: Path) -> dict[str, str]:
         }
     )
     return env
-
-
-class NetworkBlocked(OSError):
-    """Raised in the test process when code tries to open a network connection."""
-
-
-def block_network() -> None:
-    """Refuse every outgoing connection except Unix sockets and loopback."""
-    original_connect = socket.socket.connect
-    original_connect_ex = socket.socket.connect_ex
-
-    def check(sock: Any, address: Any) -> None:
-        if sock.family != socket.AF_UNIX and not _is_loopback(address):
-            raise NetworkBlocked(
-                f"fence-audit: network access is blocked during the audit (connect to {address!r})"
-            )
-
-    def connect(sock: Any, address: Any) -> None:
-        check(sock, address)
-        original_connect(sock, address)
-
-    def connect_ex(sock: Any, address: Any) -> int:
-        check(sock, address)
-        return original_connect_ex(sock, address)
-
-    socket.socket.connect = connect  # type: ignore[method-assign]
-    socket.socket.connect_ex = connect_ex  # type: ignore[method-assign]
-
-
-def _is_loopback(address: Any) -> bool:
-    host = address[0] if isinstance(address, tuple) else address
-    return host in ("localhost", "127.0.0.1", "::1") or str(host).startswith("127.")
 
 
 def _model_config(model: str) -> dict[str, Any]:

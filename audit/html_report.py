@@ -13,11 +13,11 @@ from collections.abc import Iterable
 from html import escape
 
 from audit import __version__
-from audit.model import MutantStatus
+from audit.model import fraction_text, percent_text
+from audit.protocol import MutantStatus
 from audit.report_model import (
     STATUS_ORDER,
     AuditResults,
-    Fraction,
     MutantRecord,
     RegionResult,
     SourceFunction,
@@ -81,11 +81,11 @@ def render_index(results: AuditResults) -> str:
     overall = results.overall
     survivors = results.survivors()
     parts = [
-        _head(f"fence-audit: {_percent(overall)} — vLLM {results.vllm_version}"),
+        _head(f"fence-audit: {percent_text(overall.score)} — vLLM {results.vllm_version}"),
         "<h1>fence-audit report</h1>",
         _meta(results),
         '<section id="summary"><h2>Score</h2>',
-        f'<p id="score">{_percent(overall)}</p>',
+        f'<p id="score">{percent_text(overall.score)}</p>',
         f"<p>{_denominator(overall)}. {results.out_of_region} mutants outside every region "
         "were not run.</p>",
         _status_picture(results.regions),
@@ -137,9 +137,9 @@ def render_region(results: AuditResults, region: RegionResult) -> str:
         '<p><a href="../index.html">← all regions</a></p>',
         f"<h1>Region {escape(region.name)}</h1>",
         f'<p class="meta">{escape(region.description)}</p>',
-        f'<p class="meta">Score <strong>{_percent(region.tally)}</strong>: '
-        f"{_denominator(region.tally)}. Lines {_fraction(region.lines)}, branches "
-        f"{_fraction(region.branches)} covered by the baseline.</p>",
+        f'<p class="meta">Score <strong>{percent_text(region.tally.score)}</strong>: '
+        f"{_denominator(region.tally)}. Lines {fraction_text(region.lines)}, branches "
+        f"{fraction_text(region.branches)} covered by the baseline.</p>",
         '<p class="legend"><span><i style="background:#66bb6a"></i>covered</span>'
         '<span><i style="background:#ffca28"></i>partly (a branch never taken)</span>'
         '<span><i style="background:#ef5350"></i>missed</span>'
@@ -199,17 +199,9 @@ def _meta(results: AuditResults) -> str:
     )
 
 
-def _plain(percent: float | None) -> str:
-    return "n/a" if percent is None else f"{percent:.1f}%"
-
-
 def _cached(results: AuditResults) -> str:
     cached = sum(m.cached for m in results.mutants)
     return f"{len(results.mutants) - cached} mutants judged in this run, {cached} from the cache"
-
-
-def _percent(tally: Tally) -> str:
-    return "n/a" if tally.score is None else f"{tally.score:.1f}%"
 
 
 def _denominator(tally: Tally) -> str:
@@ -220,12 +212,6 @@ def _denominator(tally: Tally) -> str:
     )
 
 
-def _fraction(fraction: Fraction) -> str:
-    percent = fraction.percent
-    shown = "n/a" if percent is None else f"{percent:.0f}%"
-    return f"{fraction.covered}/{fraction.total} ({shown})"
-
-
 def _region_table(regions: Iterable[RegionResult]) -> str:
     rows = []
     for region in regions:
@@ -233,13 +219,13 @@ def _region_table(regions: Iterable[RegionResult]) -> str:
         rows.append(
             "<tr>"
             f'<td><a href="{escape(region_file(region.name))}">{escape(region.name)}</a></td>'
-            f'<td class="num"><strong>{_percent(t)}</strong></td>'
-            f'<td class="num">{_plain(region.vllm_score)}</td>'
+            f'<td class="num"><strong>{percent_text(t.score)}</strong></td>'
+            f'<td class="num">{percent_text(region.vllm_score)}</td>'
             f'<td class="num">{t.killed}</td><td class="num">{t.survived}</td>'
             f'<td class="num">{t.timeout}</td><td class="num">{t.judged}</td>'
             f'<td class="num">{t.no_tests}</td><td class="num">{t.error}</td>'
-            f'<td class="num">{_fraction(region.lines)}</td>'
-            f'<td class="num">{_fraction(region.branches)}</td>'
+            f'<td class="num">{fraction_text(region.lines)}</td>'
+            f'<td class="num">{fraction_text(region.branches)}</td>'
             f"<td>{escape(region.description)}</td></tr>"
         )
     return (

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from audit.model import MutantStatus
+from audit.protocol import MutantStatus
 from audit.report_model import AuditResults, MutantRecord
 
 

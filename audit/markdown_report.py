@@ -6,6 +6,7 @@ region and every mutant whose status changed, appeared or disappeared.
 
 from __future__ import annotations
 
+from audit.model import percent_text
 from audit.report_model import AuditResults, MutantRecord
 from audit.results import Tally
 
@@ -16,7 +17,7 @@ DIFF_LINES = 40
 def render_summary(results: AuditResults, previous: AuditResults | None = None) -> str:
     overall = results.overall
     lines = [
-        f"## fence-audit: {_percent(overall)} of fence mutants killed "
+        f"## fence-audit: {percent_text(overall.score)} of fence mutants killed "
         f"(vLLM {results.vllm_version})",
         "",
         f"{overall.killed} killed of {overall.judged} judged (killed + survived + timeout); "
@@ -60,10 +61,6 @@ def render_summary(results: AuditResults, previous: AuditResults | None = None) 
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _percent(tally: Tally) -> str:
-    return "n/a" if tally.score is None else f"{tally.score:.1f}%"
-
-
 def _score_table(results: AuditResults, previous: AuditResults | None) -> str:
     header = (
         "| region | score | vLLM alone | killed | survived | timeout | no tests | errors "
@@ -78,8 +75,8 @@ def _score_table(results: AuditResults, previous: AuditResults | None) -> str:
     entries = [(r.name, r.tally, r.lines, r.branches, r.vllm_score) for r in results.regions]
     for name, tally, lines, branches, alone in entries:
         row = (
-            f"| {name} | {_percent(tally)} | {_plain(alone)} | {tally.killed} | {tally.survived} "
-            f"| {tally.timeout} "
+            f"| {name} | {percent_text(tally.score)} | {percent_text(alone)} | {tally.killed} "
+            f"| {tally.survived} | {tally.timeout} "
             f"| {tally.no_tests} | {tally.error} | {lines.covered}/{lines.total} "
             f"| {branches.covered}/{branches.total} |"
         )
@@ -87,20 +84,15 @@ def _score_table(results: AuditResults, previous: AuditResults | None) -> str:
             row += f" {_delta(old.get(name), tally)} |"
         rows.append(row)
     overall = results.overall
-    alone = 100.0 * results.overall_killed_by_vllm / overall.judged if overall.judged else None
     row = (
-        f"| **all** | **{_percent(overall)}** | {_plain(alone)} | {overall.killed} "
-        f"| {overall.survived} "
+        f"| **all** | **{percent_text(overall.score)}** | {percent_text(results.vllm_score)} "
+        f"| {overall.killed} | {overall.survived} "
         f"| {overall.timeout} | {overall.no_tests} | {overall.error} | | |"
     )
     if previous is not None:
         row += f" {_delta(previous.overall, overall)} |"
     rows.append(row)
     return "\n".join(rows)
-
-
-def _plain(percent: float | None) -> str:
-    return "n/a" if percent is None else f"{percent:.1f}%"
 
 
 def _delta(old: Tally | None, new: Tally) -> str:

@@ -8,27 +8,12 @@ Every file the audit writes carries a format version. History:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
+
+from audit.protocol import LineEdit, MutantStatus, TestOutcome
 
 COVERAGE_MAP_FORMAT = 1
 REGIONS_FORMAT = 1
-
-# How a test process marks its events (JSON) in its stdout, among pytest's own output.
-PROGRESS = "@@fence-audit "
-
-
-class TestOutcome(StrEnum):
-    __test__ = False  # not a pytest test class
-    PASSED = "passed"
-    FAILED = "failed"
-    ERROR = "error"
-    SKIPPED = "skipped"
-    XFAILED = "xfailed"
-
-    @property
-    def is_red(self) -> bool:
-        return self in (TestOutcome.FAILED, TestOutcome.ERROR)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,13 +45,28 @@ class BaselineRun:
 
 
 @dataclass(frozen=True, slots=True)
-class Count:
+class Fraction:
+    """``covered`` of ``total``: lines, branches, killed mutants of those judged."""
+
     covered: int
     total: int
 
     @property
-    def percent(self) -> float:
-        return 100.0 * self.covered / self.total if self.total else 100.0
+    def percent(self) -> float | None:
+        """None for 0 of 0: nothing to measure. A caller that shows something else
+        there (the coverage table prints an empty region as 100%) says so itself."""
+        return 100.0 * self.covered / self.total if self.total else None
+
+
+def percent_text(percent: float | None, decimals: int = 1) -> str:
+    """A percentage as every report and table prints it; "n/a" when there is none."""
+    return "n/a" if percent is None else f"{percent:.{decimals}f}%"
+
+
+def fraction_text(fraction: Fraction, empty: float | None = None) -> str:
+    """``covered/total (P%)`` in whole percents; 0 of 0 shows ``empty`` (None: n/a)."""
+    percent = empty if fraction.percent is None else fraction.percent
+    return f"{fraction.covered}/{fraction.total} ({percent_text(percent, 0)})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,8 +75,8 @@ class RegionCoverage:
     description: str
     functions: tuple[str, ...]
     spans: tuple[tuple[str, int, int], ...]  # (function, first line, last line)
-    lines: Count
-    branches: Count
+    lines: Fraction
+    branches: Fraction
     missed_lines: tuple[int, ...]
     tests: tuple[str, ...]  # test ids whose context executed a line of the region
 
@@ -89,32 +89,6 @@ class CoverageMap:
     vllm_version: str
     lines: dict[int, tuple[str, ...]] = field(default_factory=dict)
     durations: dict[str, float] = field(default_factory=dict)
-
-
-class MutantStatus(StrEnum):
-    KILLED = "killed"
-    SURVIVED = "survived"
-    TIMEOUT = "timeout"
-    NO_TESTS = "no_tests"  # no test of the suite executes the mutated lines
-    ERROR = "error"  # the mutant could not be judged (crash, does not compile, ...)
-    EQUIVALENT = "equivalent"  # survived or reached by no test, and reviewed as equivalent
-
-
-@dataclass(frozen=True, slots=True)
-class LineEdit:
-    """Replace lines ``start..end`` (1-based, inclusive; ``end = start - 1`` inserts)."""
-
-    start: int
-    end: int
-    new_lines: tuple[str, ...]
-
-
-def apply_edits(source: str, edits: tuple[LineEdit, ...]) -> str:
-    """``source`` with ``edits`` applied; line numbers refer to the original."""
-    lines = source.splitlines(keepends=True)
-    for edit in sorted(edits, key=lambda e: e.start, reverse=True):
-        lines[edit.start - 1 : edit.end] = [text + "\n" for text in edit.new_lines]
-    return "".join(lines)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,10 +121,3 @@ class MutantResult:
     tests_run: tuple[str, ...] = ()
     duration_s: float = 0.0
     cached: bool = False
-
-
-PROJECT_PREFIX = "project/"  # test ids of this project's suite (see baseline.stage_suite)
-
-
-def is_project_test(test_id: str) -> bool:
-    return test_id.startswith(PROJECT_PREFIX)

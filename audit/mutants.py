@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from coverage.parser import PythonParser
 
 from audit import mutmut_adapter
-from audit.model import Mutant, apply_edits
+from audit.model import Mutant
+from audit.protocol import apply_edits
 from audit.regions import Region
 
 

@@ -7,6 +7,10 @@ installed file is never handed to mutmut), record which operator made each
 mutation and where, and return plain :class:`Mutation` values: a function, an
 operator, a position relative to the function, and the exact line edit.
 
+The same mutants can also be judged by mutmut's own runner (:func:`judge`, the
+``--engine mutmut`` cross-check): a project staged as a plain mutmut user would,
+``mutmut run`` on exactly our mutants, its exit codes turned into our statuses.
+
 This is the one file to change when mutmut changes.
 """
 
@@ -14,9 +18,11 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import shutil
 import subprocess
 import sys
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -28,7 +34,11 @@ from mutmut.mutation.file_mutation import MutationVisitor, OuterFunctionProvider
 from mutmut.mutation.mutators import mutation_operators
 from mutmut.mutation.pragma_handling import IgnoredCode, PragmaVisitor
 
-from audit.model import LineEdit
+from audit.baseline import Suite
+from audit.config import Config
+from audit.hermetic import child_environment, prepare_hf_home
+from audit.model import Mutant, MutantResult, Target
+from audit.protocol import LineEdit, MutantStatus, is_project_test
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +206,13 @@ def _edits(
 # --- mutmut's own runner, as a second engine over the same mutants ------------
 
 # mutmut's exit-code vocabulary (mutmut.stats.status_by_exit_code) in our statuses.
-_STATUS = {"killed": "killed", "survived": "survived", "timeout": "timeout", "no tests": "no_tests"}
+# mutmut's status names (mutmut.stats.status_by_exit_code) in our vocabulary.
+_STATUS = {
+    "killed": MutantStatus.KILLED,
+    "survived": MutantStatus.SURVIVED,
+    "timeout": MutantStatus.TIMEOUT,
+    "no tests": MutantStatus.NO_TESTS,
+}
 
 
 def mutmut_name(module: str, function: str, ordinal: int) -> str:
@@ -257,9 +273,57 @@ with open(_init) as _file:
 """
 
 
+def judge(
+    config: Config, suite: Suite, target: Target, mutants: Iterable[Mutant], jobs: int
+) -> dict[str, MutantResult]:
+    """The same mutants judged by mutmut's own runner, for cross-checking the fork engine.
+
+    No cache and no killer names: mutmut records neither."""
+    mutants = tuple(mutants)  # iterated twice
+    work = config.reports_dir / ".work"
+    project = work / "mutmut"
+    stage_project(
+        project,
+        module=target.module,
+        source=target.path.read_text(),
+        installed_package=_package_root(target),
+        tests_root=suite.root,
+        test_paths=[p for p in suite.paths if not is_project_test(p)],
+        pytest_args=["-p", "no:cacheprovider", "-W", "ignore::pytest.PytestUnknownMarkWarning"],
+    )
+    chosen = [m for m in mutants if m.covered_by]
+    names = {mutmut_name(target.module, m.function, m.ordinal): m for m in chosen}
+    hf_home = prepare_hf_home(config.cache_dir, config.offline_models)
+    started = time.monotonic()
+    statuses = run_mutmut(
+        project,
+        sorted(names),
+        jobs=jobs,
+        env=child_environment(os.environ, hf_home),
+        log=config.reports_dir / "logs" / "mutmut.log",
+    )
+    elapsed = time.monotonic() - started
+    verdicts = {m.id: MutantResult(m.id, MutantStatus.NO_TESTS) for m in mutants}
+    for name, mutant in names.items():
+        status = statuses.get(name)
+        verdicts[mutant.id] = MutantResult(
+            mutant.id,
+            status or MutantStatus.ERROR,
+            failure="" if status else "mutmut recorded no verdict",
+            duration_s=round(elapsed / max(len(names), 1), 3),
+        )
+    return verdicts
+
+
+def _package_root(target: Target) -> Path:
+    """The installed top-level package folder of the target (site-packages/vllm)."""
+    depth = len(target.module.split(".")) - 1
+    return target.installed_path.parents[depth - 1]
+
+
 def run_mutmut(
     project: Path, names: Iterable[str], *, jobs: int, env: Mapping[str, str], log: Path
-) -> dict[str, str]:
+) -> dict[str, MutantStatus]:
     """``mutmut run NAMES`` in ``project``; each name's status in our vocabulary."""
     with log.open("w") as out:
         subprocess.run(
@@ -272,9 +336,9 @@ def run_mutmut(
         )
     from mutmut.stats import status_by_exit_code
 
-    statuses: dict[str, str] = {}
+    statuses: dict[str, MutantStatus] = {}
     for meta in (project / "mutants").rglob("*.meta"):
         data = json.loads(meta.read_text())
         for name, exit_code in data.get("exit_code_by_key", {}).items():
-            statuses[name] = _STATUS.get(status_by_exit_code[exit_code], "error")
+            statuses[name] = _STATUS.get(status_by_exit_code[exit_code], MutantStatus.ERROR)
     return statuses

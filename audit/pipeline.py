@@ -1,7 +1,13 @@
 """The audit's stages, in order. This is the one place that lists them.
 
     config -> source (vLLM package + its tests) -> regions -> baseline under coverage
-           -> mutants -> execute -> results -> [reports -> gate: later stages]
+           -> mutants -> execute -> results -> reports -> gate
+
+- :func:`prepare`: config, source, regions (and the catalogue, the equivalents);
+- :func:`coverage`: the baseline under coverage; coverage map, regions.json, its HTML;
+- :func:`mutate`: mutants, execute, results (``audit.json``);
+- :func:`report`: every report, rendered from a saved ``audit.json`` alone;
+- :func:`gate`: the thresholds against a saved ``audit.json``.
 
 Each stage is a plain function of another module; this module only wires them.
 """
@@ -14,25 +20,36 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from audit import catalogue, coverage_map, environment, executor, results, sources, stryker
+from audit import (
+    catalogue,
+    coverage_map,
+    environment,
+    executor,
+    mutmut_adapter,
+    results,
+    sources,
+)
 from audit.baseline import Suite, WarmSession, stage_suite, start_baseline
 from audit.catalogue import Entry
-from audit.config import Config, SuitePath
+from audit.config import Config, GateThresholds, SuitePath
 from audit.environment import Fingerprint
 from audit.equivalents import Equivalent, apply_equivalents, load_equivalents
 from audit.errors import ConfigError
-from audit.executor import ExecutorOptions
+from audit.gate import GateResult, evaluate
+from audit.jobs import ExecutorOptions
 from audit.model import (
     BaselineRun,
     CoverageMap,
     Mutant,
     MutantResult,
-    MutantStatus,
     RegionCoverage,
     Target,
 )
 from audit.mutants import MutantSet, build_mutants, function_hashes
+from audit.protocol import MutantStatus
 from audit.regions import Region, resolve_regions
+from audit.report_model import AuditResults, load_results
+from audit.reports import Written, write_reports
 from audit.results import Tally
 from audit.sources import TestSource
 
@@ -195,8 +212,8 @@ def _mutate(
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     if engine == "mutmut":
         stage.close()
-        verdicts = executor.judge_with_mutmut(
-            config, stage.suite, prepared.target, mutant_set.mutants, options
+        verdicts = mutmut_adapter.judge(
+            config, stage.suite, prepared.target, mutant_set.mutants, options.jobs
         )
         for mutant in entries.mutants:  # mutmut's runner cannot apply them
             verdicts[mutant.id] = MutantResult(
@@ -218,7 +235,7 @@ def _mutate(
     verdicts, equivalence = apply_equivalents(mutants, verdicts, hashes, prepared.equivalents)
     after = environment.verify_untouched(prepared.vllm, config.target)
     names = [region.name for region in regions]
-    document = results.write_audit(
+    results.write_audit(
         config.reports_dir / "audit.json",
         target=prepared.target,
         vllm_version=prepared.vllm.version,
@@ -236,9 +253,27 @@ def _mutate(
         started_at=started_at,
         duration_s=duration,
     )
-    stryker.write_mutation_report(config.reports_dir / "mutation.json", document)
     tallies = results.tally_by_region(mutants, verdicts, names)
     overall = Tally.of(verdicts[m.id].status for m in mutants)
     return MutationStage(
         stage, mutant_set, entries, mutants, verdicts, tallies, overall, duration, after
     )
+
+
+@dataclass(frozen=True, slots=True)
+class ReportStage:
+    results: AuditResults  # what every report rendered, and what the gate reads
+    written: Written
+
+
+def report(config: Config, path: Path, previous: AuditResults | None = None) -> ReportStage:
+    """Render every report from the saved results at ``path`` (``previous``: an older
+    run, for the changes in summary.md); nothing is re-run."""
+    saved = load_results(path)
+    return ReportStage(saved, write_reports(saved, config.reports_dir, previous))
+
+
+def gate(saved: AuditResults, thresholds: GateThresholds, config: Config) -> GateResult:
+    """Check the saved results against ``thresholds``; a configured region the run
+    left out (``--region``) is not checked, and neither is the overall score."""
+    return evaluate(saved, thresholds, (region.name for region in config.regions))

@@ -10,7 +10,6 @@ not found.
 from __future__ import annotations
 
 import ast
-import types
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -77,18 +76,6 @@ def find_function(tree: ast.Module, qualname: str) -> FunctionNode | None:
             return None
         scope = found.body
     return found if isinstance(found, ast.FunctionDef | ast.AsyncFunctionDef) else None
-
-
-def find_code(code: types.CodeType, qualname: str) -> types.CodeType:
-    """The code object of function ``qualname`` inside a compiled module (the
-    compiled counterpart of :func:`find_function`); LookupError if it is absent."""
-    stack = [code]
-    while stack:
-        current = stack.pop()
-        if current.co_qualname == qualname and current is not code:
-            return current
-        stack.extend(c for c in current.co_consts if isinstance(c, types.CodeType))
-    raise LookupError(f"function {qualname} not found in the mutated module")
 
 
 def statement_text(stmt: ast.stmt) -> str:

@@ -2,9 +2,10 @@
 
 ``load_results`` reads ``reports/audit.json`` (format 2) into frozen dataclasses, so
 the renderers (:mod:`audit.html_report`, :mod:`audit.markdown_report`,
-:mod:`audit.junit_report`) and the gate (:mod:`audit.gate`) never re-run anything
-and never touch raw JSON. A missing, corrupt or foreign file is a
-:class:`ConfigError` that says which file and what to do.
+:mod:`audit.junit_report`, :mod:`audit.stryker`; :mod:`audit.reports` lists them)
+and the gate (:mod:`audit.gate`) never re-run anything and never touch raw JSON. A
+missing, corrupt or foreign file is a :class:`ConfigError` that says which file and
+what to do.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from audit.errors import ConfigError
-from audit.model import MutantStatus
+from audit.model import Fraction
+from audit.protocol import MutantStatus
 from audit.results import AUDIT_FORMAT, Tally
 
 STATUS_ORDER = (
@@ -47,6 +49,7 @@ class MutantRecord:
     diff: str
     cached: bool = False  # the verdict came from the result cache of an earlier run
     module: str = ""  # another module than the target (catalogue entries of the worker)
+    path: str = ""  # that module's file
     equivalence: str = ""  # the reviewed reason, for a mutant recorded as equivalent
     title: str = ""  # catalogue entries: what the bug is
     invariant: str = ""  # catalogue entries: the fence invariant it breaks
@@ -67,16 +70,6 @@ class MutantRecord:
 
 
 @dataclass(frozen=True, slots=True)
-class Fraction:
-    covered: int
-    total: int
-
-    @property
-    def percent(self) -> float | None:
-        return 100.0 * self.covered / self.total if self.total else None
-
-
-@dataclass(frozen=True, slots=True)
 class RegionResult:
     name: str
     description: str
@@ -90,8 +83,7 @@ class RegionResult:
     @property
     def vllm_score(self) -> float | None:
         """The score vLLM's suite alone earns (its tests run first for every mutant)."""
-        judged = self.tally.judged
-        return 100.0 * self.killed_by_vllm / judged if judged else None
+        return Fraction(self.killed_by_vllm, self.tally.judged).percent
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +149,12 @@ class AuditResults:
     catalogue: tuple[CatalogueRecord, ...] = ()
     overall_killed_by_vllm: int = 0
     equivalents: tuple[EquivalentRecord, ...] = ()
+    tool_name: str = "fence-audit"
+
+    @property
+    def vllm_score(self) -> float | None:
+        """The overall score vLLM's suite alone earns (see RegionResult.vllm_score)."""
+        return Fraction(self.overall_killed_by_vllm, self.overall.judged).percent
 
     def stale(self) -> tuple[CatalogueRecord, ...]:
         return tuple(c for c in self.catalogue if c.stale)
@@ -246,6 +244,7 @@ def _results(path: Path, document: Mapping[str, Any]) -> AuditResults:
     return AuditResults(
         path=path,
         tool_version=document["tool"]["version"],
+        tool_name=document["tool"].get("name", "fence-audit"),
         vllm_version=document["vllm_version"],
         target_module=document["target"]["module"],
         target_path=document["target"]["path"],
@@ -310,6 +309,7 @@ def _mutant(body: Mapping[str, Any]) -> MutantRecord:
         diff=body.get("diff", ""),
         cached=bool(body.get("cached", False)),
         module=body.get("module", ""),
+        path=body.get("path", ""),
         equivalence=body.get("equivalence", ""),
         title=body.get("title", ""),
         invariant=body.get("invariant", ""),

@@ -33,14 +33,15 @@ from audit.catalogue import CatalogueMutants
 from audit.files import write_json
 from audit.model import (
     CoverageMap,
+    Fraction,
     Mutant,
     MutantResult,
-    MutantStatus,
     RegionCoverage,
     Target,
-    is_project_test,
+    percent_text,
 )
 from audit.mutants import OutOfRegion
+from audit.protocol import MutantStatus, is_project_test
 from audit.regions import Region, find_function, first_line
 
 AUDIT_FORMAT = 2
@@ -62,7 +63,8 @@ class Tally:
 
     @property
     def score(self) -> float | None:
-        return 100.0 * self.killed / self.judged if self.judged else None
+        """None when nothing was judged: no evidence either way."""
+        return Fraction(self.killed, self.judged).percent
 
     @classmethod
     def of(cls, statuses: Iterable[MutantStatus]) -> Tally:
@@ -137,7 +139,7 @@ def write_audit(
 def format_scores(tallies: Mapping[str, Tally], overall: Tally) -> str:
     header = ("region", "killed", "survived", "timeout", "no tests", "error", "equivalent", "score")
     rows = [
-        (name, *(str(getattr(t, f)) for f in Tally.__slots__), _percent(t))
+        (name, *(str(getattr(t, f)) for f in Tally.__slots__), _score_text(t))
         for name, t in [*tallies.items(), ("all", overall)]
     ]
     widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
@@ -146,9 +148,9 @@ def format_scores(tallies: Mapping[str, Tally], overall: Tally) -> str:
     return "\n".join([title, "  ".join("-" * w for w in widths), *lines])
 
 
-def _percent(tally: Tally) -> str:
-    score = tally.score
-    return "n/a" if score is None else f"{score:.1f}% of {tally.judged}"
+def _score_text(tally: Tally) -> str:
+    shown = percent_text(tally.score)
+    return shown if tally.score is None else f"{shown} of {tally.judged}"
 
 
 def _score(tally: Tally) -> dict[str, Any]:

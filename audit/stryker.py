@@ -1,11 +1,12 @@
-"""Stryker report: ``reports/audit.json`` rewritten in Stryker's open report format.
+"""Stryker report: the saved results rendered in Stryker's open report format.
 
 Stryker's mutation-testing-report-schema (the JSON Schema published in the npm
 package ``mutation-testing-report-schema``) is what its HTML viewer and dashboard
 read, so a fence-audit run can be browsed mutant by mutant over the audited source.
-This module only converts: it reads the results document of :mod:`audit.results`
-(audit.json format 1) and the audited file, and writes one report whose format
-version is the schema's own, :data:`STRYKER_SCHEMA_VERSION`.
+This module only converts: it renders the results view of :mod:`audit.report_model`
+(what ``audit.json`` holds) and the audited file into one report whose format version
+is the schema's own, :data:`STRYKER_SCHEMA_VERSION`. Like every other report it is
+rendered by :mod:`audit.reports`, so ``fence-audit report`` re-renders it too.
 
 Locations come from the mutant id's ``@L:C-L:C`` span (the mutated node); a mutant
 without one is placed on the lines its diff changes. ``replacement`` is the node's
@@ -16,41 +17,48 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from audit.errors import TargetModified
-from audit.files import write_json
+from audit import environment
+from audit.errors import AuditError
+from audit.files import json_text
+from audit.protocol import MutantStatus
+from audit.report_model import AuditResults, MutantRecord
+from audit.results import AUDIT_FORMAT
 
 STRYKER_SCHEMA_VERSION = "2"
-AUDIT_FORMATS = frozenset({2})  # the audit.json formats this module reads
 THRESHOLDS = {"high": 80, "low": 60}  # Stryker's own defaults
 STATUSES = {
-    "killed": "Killed",
-    "survived": "Survived",
-    "timeout": "Timeout",
-    "no_tests": "NoCoverage",
-    "error": "RuntimeError",
-    "equivalent": "Ignored",
+    MutantStatus.KILLED: "Killed",
+    MutantStatus.SURVIVED: "Survived",
+    MutantStatus.TIMEOUT: "Timeout",
+    MutantStatus.NO_TESTS: "NoCoverage",
+    MutantStatus.ERROR: "RuntimeError",
+    MutantStatus.EQUIVALENT: "Ignored",
 }
 
 # Lines relative to the function's def line, columns 0-based (audit.mutants.mutant_id).
-_SPAN = re.compile(r"@(\d+):(\d+)-(\d+):(\d+)#\d+$")
+_NODE = re.compile(r"@(\d+):(\d+)-(\d+):(\d+)#\d+$")
 _HUNK = re.compile(r"@@ -(\d+)(?:,(\d+))? \+\d+(?:,\d+)? @@")
 
 
 @dataclass(frozen=True, slots=True)
-class Span:
-    """A mutated stretch of the source: 1-based lines, 0-based columns, end exclusive."""
+class Location:
+    """Where a mutated node sits: 1-based lines, 0-based columns, end exclusive.
+
+    Not a :class:`audit.regions.Span` (whole lines of a region): this is the node,
+    to the column, as Stryker's viewer underlines it.
+    """
 
     line: int
     column: int
     end_line: int
     end_column: int
 
-    def location(self) -> dict[str, dict[str, int]]:
+    def as_schema(self) -> dict[str, dict[str, int]]:
         """The schema's location: lines and columns both start at one."""
         return {
             "start": {"line": self.line, "column": self.column + 1},
@@ -58,75 +66,89 @@ class Span:
         }
 
 
-def write_mutation_report(path: Path, audit: Mapping[str, Any]) -> None:
-    """Write the Stryker report of ``audit`` (an audit.json document) to ``path``."""
-    write_json(path, mutation_report(audit))
+class SourceNotHere(Exception):
+    """The audited text is not on this machine: the report cannot be rendered here."""
 
 
-def mutation_report(audit: Mapping[str, Any]) -> dict[str, Any]:
-    """The report as a JSON-ready dict; reads the audited source from ``target.path``."""
-    if audit.get("format") not in AUDIT_FORMATS:
-        raise ValueError(f"audit.json format {audit.get('format')!r}: only {sorted(AUDIT_FORMATS)}")
-    target = audit["target"]
-    raw = Path(target["path"]).read_bytes()
-    # Locations index this text: a file edited since the audit would misplace them all.
-    if target.get("sha256") and hashlib.sha256(raw).hexdigest() != target["sha256"]:
-        raise TargetModified(
-            "the audited file changed since the audit; its report would point at wrong lines",
-            details={"file": str(target["path"]), "next": "run the audit again"},
-        )
-    source = raw.decode("utf-8")
+def audited_text(path: str, module: str, results: AuditResults, *, digest: bool) -> str:
+    """The text a module had when it was audited: at the path ``audit.json`` records,
+    or, for results brought from another machine (a CI artifact), in this machine's
+    installed vLLM of the same version. With ``digest``, the text must have the
+    recorded sha256: locations index it, and an edited file would misplace them all.
+    """
+    candidates = [Path(path)]
+    try:
+        vllm = environment.installed_vllm(results.vllm_version)
+        candidates.append(environment.installed_file(vllm, module))
+    except AuditError:
+        pass  # not installed here, or another version: only the recorded path can serve
+    for candidate in candidates:
+        try:
+            raw = candidate.read_bytes()
+        except OSError:
+            continue
+        if not digest or hashlib.sha256(raw).hexdigest() == results.target_sha256:
+            return raw.decode("utf-8")
+    raise SourceNotHere(f"the audited {module} ({path}) is not on this machine as it was audited")
+
+
+def render_mutation_report(results: AuditResults) -> str:
+    """``mutation.json``'s text."""
+    return json_text(mutation_report(results))
+
+
+def mutation_report(results: AuditResults) -> dict[str, Any]:
+    """The report as a JSON-ready dict, over the audited source (:func:`audited_text`)."""
+    source = audited_text(results.target_path, results.target_module, results, digest=True)
+    lines = source.splitlines(keepends=True)
     files = {
-        _report_path(target): {
+        _report_path(results): {
             "language": "python",
             "source": source,
-            "mutants": [
-                _mutant(m, source.splitlines(keepends=True))
-                for m in audit["mutants"]
-                if not m.get("path")
-            ],
+            "mutants": [_mutant(m, lines) for m in results.mutants if not m.path],
         }
     }
     # Catalogue mutants of another module (the worker's) sit in their own file.
-    for other in sorted({m["path"] for m in audit["mutants"] if m.get("path")}):
-        text = Path(other).read_text(encoding="utf-8")
-        module = next(m["module"] for m in audit["mutants"] if m.get("path") == other)
-        files[module.replace(".", "/") + ".py"] = {
+    for other in sorted({m.path for m in results.mutants if m.path}):
+        mutants = [m for m in results.mutants if m.path == other]
+        text = audited_text(other, mutants[0].module, results, digest=False)
+        files[mutants[0].module.replace(".", "/") + ".py"] = {
             "language": "python",
             "source": text,
-            "mutants": [
-                _mutant(m, text.splitlines(keepends=True))
-                for m in audit["mutants"]
-                if m.get("path") == other
-            ],
+            "mutants": [_mutant(m, text.splitlines(keepends=True)) for m in mutants],
         }
-    tool = audit.get("tool", {})
     return {
         "schemaVersion": STRYKER_SCHEMA_VERSION,
         "thresholds": dict(THRESHOLDS),
         "files": files,
-        "testFiles": tests_by_file(audit["mutants"]),
+        "testFiles": tests_by_file(results.mutants),
         "framework": {
-            "name": tool.get("name", "fence-audit"),
-            "version": str(tool.get("version", "")),
-            "dependencies": {"vllm": str(audit.get("vllm_version", ""))},
+            "name": results.tool_name,
+            "version": results.tool_version,
+            "dependencies": {"vllm": results.vllm_version},
         },
         # Free-form in the schema: what was audited, with which tests, how.
         "config": {
-            "auditFormat": audit["format"],
-            "target": dict(target),
-            **{key: audit[key] for key in ("suite", "engine", "duration_s") if key in audit},
+            "auditFormat": AUDIT_FORMAT,  # the only format load_results reads
+            "target": {
+                "module": results.target_module,
+                "path": results.target_path,
+                "sha256": results.target_sha256,
+            },
+            "suite": {"tests_from": results.suite_origin, "paths": list(results.suite_paths)},
+            "engine": results.engine,
+            "duration_s": results.duration_s,
         },
     }
 
 
-def tests_by_file(mutants: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+def tests_by_file(mutants: Iterable[MutantRecord]) -> dict[str, dict[str, Any]]:
     """Every test id the mutants name, grouped by the file before ``::``."""
     ids: set[str] = set()
     for mutant in mutants:
-        ids.update(mutant.get("covered_by") or ())
-        if mutant.get("killed_by"):
-            ids.add(mutant["killed_by"])
+        ids.update(mutant.covered_by)
+        if mutant.killed_by:
+            ids.add(mutant.killed_by)
     files: dict[str, list[dict[str, str]]] = {}
     for test_id in sorted(ids):
         file, sep, name = test_id.partition("::")
@@ -134,54 +156,48 @@ def tests_by_file(mutants: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, A
     return {file: {"tests": tests} for file, tests in files.items()}
 
 
-def span_of(mutant: Mapping[str, Any], lines: list[str]) -> Span:
+def location_of(mutant: MutantRecord, lines: list[str]) -> Location:
     """The mutated node from the id; failing that, the whole lines the diff changes."""
-    line = int(mutant["line"])
-    if match := _SPAN.search(str(mutant["id"])):
+    line = mutant.line
+    if match := _NODE.search(mutant.id):
         start_line, column, end_line, end_column = map(int, match.groups())
-        return Span(line, column, line + end_line - start_line, end_column)
-    changed = [n for n, tag, _ in _diff_lines(mutant.get("diff") or "") if tag == "-"]
+        return Location(line, column, line + end_line - start_line, end_column)
+    changed = [n for n, tag, _ in _diff_lines(mutant.diff) if tag == "-"]
     end_line = max([line, *changed])
     end_text = lines[end_line - 1] if end_line <= len(lines) else ""
-    return Span(line, 0, end_line, len(end_text.rstrip("\r\n")))
+    return Location(line, 0, end_line, len(end_text.rstrip("\r\n")))
 
 
-def _mutant(mutant: Mapping[str, Any], lines: list[str]) -> dict[str, Any]:
-    status = mutant["status"]
-    if status not in STATUSES:
-        raise ValueError(f"mutant {mutant['id']}: unknown status {status!r}")
-    span = span_of(mutant, lines)
+def _mutant(mutant: MutantRecord, lines: list[str]) -> dict[str, Any]:
+    location = location_of(mutant, lines)
     result: dict[str, Any] = {
-        "id": str(mutant["id"]),
-        "mutatorName": mutant["operator"],
-        "location": span.location(),
-        "status": STATUSES[status],
+        "id": mutant.id,
+        "mutatorName": mutant.operator,
+        "location": location.as_schema(),
+        "status": STATUSES[mutant.status],
     }
-    replacement = _replacement(mutant.get("diff") or "", lines, span)
+    replacement = _replacement(mutant.diff, lines, location)
     if replacement is not None:
         result["replacement"] = replacement
-    if mutant.get("region"):
-        result["description"] = mutant["region"]
-    if mutant.get("failure"):
-        result["statusReason"] = mutant["failure"]
-    if mutant.get("killed_by"):
-        result["killedBy"] = [mutant["killed_by"]]
-    if mutant.get("covered_by") is not None:
-        result["coveredBy"] = list(mutant["covered_by"])
-    if mutant.get("tests_run") is not None:
-        result["testsCompleted"] = len(mutant["tests_run"])
-    if mutant.get("duration_s") is not None:
-        result["duration"] = round(float(mutant["duration_s"]) * 1000, 3)  # the schema's ms
+    if mutant.region:
+        result["description"] = mutant.region
+    if mutant.failure:
+        result["statusReason"] = mutant.failure
+    if mutant.killed_by:
+        result["killedBy"] = [mutant.killed_by]
+    result["coveredBy"] = list(mutant.covered_by)
+    result["testsCompleted"] = mutant.tests_run
+    result["duration"] = round(mutant.duration_s * 1000, 3)  # the schema's milliseconds
     return result
 
 
-def _report_path(target: Mapping[str, Any]) -> str:
+def _report_path(results: AuditResults) -> str:
     """The file's key: relative to the import root (the absolute path is site-packages')."""
-    name = Path(target["path"]).name
-    module = str(target.get("module") or "")
-    if not module:
+    name = Path(results.target_path).name
+    if not results.target_module:
         return name
-    return module.replace(".", "/") + ("/__init__.py" if name == "__init__.py" else ".py")
+    module_path = results.target_module.replace(".", "/")
+    return module_path + ("/__init__.py" if name == "__init__.py" else ".py")
 
 
 def _diff_lines(diff: str) -> list[tuple[int, str, str]]:
@@ -222,13 +238,15 @@ def _mutated_source(diff: str, lines: list[str]) -> str | None:
     return "".join([*out, *lines[copied:]]) if entries else None
 
 
-def _replacement(diff: str, lines: list[str], span: Span) -> str | None:
+def _replacement(diff: str, lines: list[str], location: Location) -> str | None:
     """The node's text in the mutant, when everything around the node is unchanged."""
     mutated = _mutated_source(diff, lines)
-    if mutated is None or not 1 <= span.line <= span.end_line <= len(lines):
+    if mutated is None or not 1 <= location.line <= location.end_line <= len(lines):
         return None
-    before = "".join(lines[: span.line - 1]) + lines[span.line - 1][: span.column]
-    after = lines[span.end_line - 1][span.end_column :] + "".join(lines[span.end_line :])
+    before = "".join(lines[: location.line - 1]) + lines[location.line - 1][: location.column]
+    after = lines[location.end_line - 1][location.end_column :] + "".join(
+        lines[location.end_line :]
+    )
     if len(before) + len(after) > len(mutated):
         return None
     if not (mutated.startswith(before) and mutated.endswith(after)):

@@ -13,9 +13,11 @@ from audit import coverage_map, executor
 from audit.baseline import stage_suite, start_baseline
 from audit.config import Config, RegionSpec, Selection, StatementSelector, SuitePath, load_config
 from audit.environment import sha256_file
-from audit.errors import ExitCode, MutantsInert
-from audit.model import MutantStatus, Target
+from audit.errors import ExitCode, ForcedFailCheckFailed
+from audit.jobs import ExecutorOptions
+from audit.model import Target
 from audit.mutants import build_mutants
+from audit.protocol import MutantStatus
 from audit.regions import resolve_regions
 from audit.sources import TestSource
 
@@ -26,7 +28,7 @@ REGIONS = (
     RegionSpec("flush", "", (Selection("Fence.flush"),)),
     RegionSpec("drain", "", (Selection("Fence.drain"),)),
 )
-FAST = executor.ExecutorOptions(jobs=2, timeout_min_s=1.0, timeout_factor=10.0)
+FAST = ExecutorOptions(jobs=2, timeout_min_s=1.0, timeout_factor=10.0)
 
 
 class Toy:
@@ -161,6 +163,6 @@ def test_a_cache_entry_is_one_complete_file_per_verdict(toy: Toy) -> None:
 
 def test_mutants_that_do_not_switch_on_stop_the_run(toy: Toy) -> None:
     """The forced-fail check: a test that swallows every error cannot kill anything."""
-    with pytest.raises(MutantsInert) as info:
+    with pytest.raises(ForcedFailCheckFailed) as info:
         toy.judge(tests="tests/test_swallow.py")
-    assert info.value.exit_code == ExitCode.MUTANTS_INERT
+    assert info.value.exit_code == ExitCode.FORCED_FAIL_CHECK

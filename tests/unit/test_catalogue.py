@@ -10,7 +10,8 @@ import pytest
 
 from audit.catalogue import Applied, Entry, Stale, apply_entry, load_catalogue, load_entry
 from audit.errors import ConfigError
-from audit.model import MutantResult, MutantStatus, apply_edits
+from audit.model import MutantResult
+from audit.protocol import MutantStatus, apply_edits
 from audit.results import expectation_verdict
 
 SOURCE = textwrap.dedent(

@@ -10,7 +10,8 @@ import coverage
 
 from audit import coverage_map
 from audit.config import RegionSpec, Selection, StatementSelector
-from audit.model import BaselineRun, Target, TestOutcome, TestResult
+from audit.model import BaselineRun, Target, TestResult
+from audit.protocol import TestOutcome
 from audit.regions import resolve_regions
 
 SOURCE = textwrap.dedent(

@@ -8,7 +8,8 @@ import pytest
 
 from audit.equivalents import Equivalent, apply_equivalents, load_equivalents
 from audit.errors import ConfigError
-from audit.model import Mutant, MutantResult, MutantStatus
+from audit.model import Mutant, MutantResult
+from audit.protocol import MutantStatus
 
 
 def mutant(identifier: str, function: str = "F.f") -> Mutant:

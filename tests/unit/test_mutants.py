@@ -7,11 +7,12 @@ import types
 
 import pytest
 
-from audit import _executor, mutmut_adapter
+from audit import mutmut_adapter
 from audit.config import RegionSpec, Selection, StatementSelector
-from audit.model import apply_edits
 from audit.mutants import TestsOfLines, build_mutants, function_hashes, mutant_id
+from audit.protocol import apply_edits
 from audit.regions import resolve_regions
+from audit.testproc import codeswap
 
 SOURCE = textwrap.dedent(
     '''\
@@ -106,7 +107,7 @@ def test_activation_swaps_the_code_of_one_live_function() -> None:
         fence = module.Fence()
         fence.pending = {}
         mutated = SOURCE.replace("if block == 0:", "if block != 0:")
-        _executor.activate(module.__name__, "fence.py", "Fence.register", mutated)
+        codeswap.activate(module.__name__, "fence.py", "Fence.register", mutated)
         fence.register(1, [0, 5])  # an instance made before the swap sees it too
         assert fence.pending == {0: {1}}
     finally:
@@ -116,7 +117,7 @@ def test_activation_swaps_the_code_of_one_live_function() -> None:
 def test_activation_names_a_function_the_mutated_text_lacks() -> None:
     code = compile(SOURCE, "fence.py", "exec")
     with pytest.raises(LookupError, match=r"Fence\.flush"):
-        _executor.find_code(code, "Fence.flush")
+        codeswap.find_code(code, "Fence.flush")
 
 
 def test_a_changed_line_inside_a_multi_line_condition_finds_its_tests() -> None:

@@ -14,12 +14,11 @@ from pathlib import Path
 import pytest
 from browser import Browser, find_chromium
 
-from audit.report_model import load_results
+from audit.report_model import AuditResults
 from audit.reports import Written, write_reports
 
 pytestmark = pytest.mark.browser
 
-DATA = Path(__file__).parent / "data" / "results.json"
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -37,8 +36,8 @@ def browser() -> Iterator[Browser]:
 
 
 @pytest.fixture
-def report(tmp_path: Path) -> Written:
-    return write_reports(load_results(DATA), tmp_path)
+def report(results_on_disk: AuditResults, tmp_path: Path) -> Written:
+    return write_reports(results_on_disk, tmp_path)
 
 
 def screenshots() -> Path:

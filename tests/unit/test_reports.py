@@ -157,8 +157,9 @@ def test_index_shows_score_with_its_denominator(results: AuditResults) -> None:
 
 
 def test_every_mutant_link_points_at_an_anchor_on_its_region_page(
-    results: AuditResults, tmp_path: Path
+    results_on_disk: AuditResults, tmp_path: Path
 ) -> None:
+    results = results_on_disk
     written = write_reports(results, tmp_path)
     index = written.index.read_text()
     links = re.findall(r'href="(regions/[^"#]+)#([^"]+)"', index)
@@ -170,9 +171,9 @@ def test_every_mutant_link_points_at_an_anchor_on_its_region_page(
 
 
 def test_a_damaged_results_file_leaves_earlier_reports_untouched(
-    results: AuditResults, tmp_path: Path
+    results_on_disk: AuditResults, tmp_path: Path
 ) -> None:
-    write_reports(results, tmp_path)
+    write_reports(results_on_disk, tmp_path)
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     damaged = tmp_path / "audit.json"
     damaged.write_text(DATA.read_text()[:500])
@@ -187,7 +188,7 @@ def test_a_damaged_results_file_leaves_earlier_reports_untouched(
 
 
 def test_a_failing_renderer_writes_nothing(
-    results: AuditResults, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    results_on_disk: AuditResults, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import audit.reports
 
@@ -196,12 +197,12 @@ def test_a_failing_renderer_writes_nothing(
 
     monkeypatch.setattr(audit.reports, "render_junit", broken)
     with pytest.raises(RuntimeError):
-        write_reports(results, tmp_path / "out")
+        write_reports(results_on_disk, tmp_path / "out")
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*"))
 
 
-def test_pages_need_no_network(results: AuditResults, tmp_path: Path) -> None:
-    written = write_reports(results, tmp_path)
+def test_pages_need_no_network(results_on_disk: AuditResults, tmp_path: Path) -> None:
+    written = write_reports(results_on_disk, tmp_path)
     for page in [written.index, *written.regions]:
         text = page.read_text()
         assert not re.search(r'(src|href)="(https?:)?//', text), page

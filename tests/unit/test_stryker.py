@@ -1,4 +1,4 @@
-"""The Stryker report: audit.json converted, checked against the published schema."""
+"""The Stryker report: the results view rendered, checked against the published schema."""
 
 from __future__ import annotations
 
@@ -12,10 +12,14 @@ import jsonschema
 import pytest
 from stryker_schema import SCHEMA_PACKAGE, SCHEMA_PACKAGE_VERSION, published_schema
 
-from audit import files
+from audit import environment, files
+from audit.cli import main
 from audit.config import default_cache_dir
-from audit.errors import TargetModified
-from audit.stryker import STRYKER_SCHEMA_VERSION, write_mutation_report
+from audit.errors import ConfigError
+from audit.protocol import MutantStatus
+from audit.report_model import AuditResults, load_results
+from audit.reports import write_reports
+from audit.stryker import STATUSES, STRYKER_SCHEMA_VERSION, SourceNotHere, render_mutation_report
 
 SOURCE = """\
 def release(pending, ids):
@@ -111,18 +115,31 @@ def audit(tmp_path: Path) -> dict[str, Any]:
             "sha256": hashlib.sha256(SOURCE.encode()).hexdigest(),
         },
         "suite": {"tests_from": "hand-written", "paths": ["project:tests/test_fence.py"]},
+        "engine": "fork",
+        "started_at": "2025-01-01T00:00:00+00:00",
         "duration_s": 1.5,
-        "score": {},
+        "score": {"killed": 1, "survived": 1, "timeout": 1, "no_tests": 1, "error": 1},
         "regions": {},
+        "tests": [],
+        "source": {"path": str(target), "functions": []},
         "mutants": mutants,
         "out_of_region": [],
     }
 
 
+def saved(tmp_path: Path, audit: dict[str, Any]) -> Path:
+    """``audit`` saved as an audit.json."""
+    path = tmp_path / "audit.json"
+    path.write_text(json.dumps(audit))
+    return path
+
+
+def loaded(tmp_path: Path, audit: dict[str, Any]) -> AuditResults:
+    return load_results(saved(tmp_path, audit))
+
+
 def written(tmp_path: Path, audit: dict[str, Any]) -> dict[str, Any]:
-    out = tmp_path / "reports" / "mutation.json"
-    write_mutation_report(out, audit)
-    report: dict[str, Any] = json.loads(out.read_text())
+    report: dict[str, Any] = json.loads(render_mutation_report(loaded(tmp_path, audit)))
     return report
 
 
@@ -158,10 +175,17 @@ def test_each_status_maps_to_its_stryker_status(
     assert by_id(written(tmp_path, audit))[ours_mutant["id"]]["status"] == stryker_status
 
 
-def test_an_unknown_status_is_refused(audit: dict[str, Any], tmp_path: Path) -> None:
+def test_an_unknown_status_is_refused_when_the_results_are_read(
+    audit: dict[str, Any], tmp_path: Path
+) -> None:
     audit["mutants"][0]["status"] = "flaky"
-    with pytest.raises(ValueError, match="flaky"):
+    with pytest.raises(ConfigError) as error:
         written(tmp_path, audit)
+    assert "flaky" in error.value.render()
+
+
+def test_every_status_has_a_stryker_status() -> None:
+    assert set(STATUSES) == set(MutantStatus)
 
 
 def test_killing_and_covering_tests_are_all_listed_under_test_files(
@@ -251,10 +275,43 @@ def test_region_failure_and_timing_become_description_reason_and_duration(
     assert "killedBy" not in survived
 
 
-def test_a_source_changed_since_the_audit_is_refused(audit: dict[str, Any], tmp_path: Path) -> None:
+def test_a_source_changed_since_the_audit_is_not_rendered_over(
+    audit: dict[str, Any], tmp_path: Path
+) -> None:
     Path(audit["target"]["path"]).write_text(SOURCE + "# edited\n")
-    with pytest.raises(TargetModified):
+    with pytest.raises(SourceNotHere, match=r"pkg\.fence"):
         written(tmp_path, audit)
+
+
+def test_without_the_audited_source_the_other_reports_are_written_and_mutation_json_removed(
+    audit: dict[str, Any], tmp_path: Path
+) -> None:
+    Path(audit["target"]["path"]).unlink()
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "mutation.json").write_text("from another run")
+    written_ = write_reports(loaded(tmp_path, audit), reports)
+    assert audit["target"]["path"] in written_.skipped["mutation.json"]
+    assert not (reports / "mutation.json").exists()  # never beside results it does not show
+    assert (reports / "index.html").is_file()
+    assert (reports / "junit.xml").is_file()
+
+
+@pytest.mark.vllm
+def test_results_from_another_machine_render_over_the_installed_vllm_of_their_version(
+    audit: dict[str, Any], tmp_path: Path
+) -> None:
+    module = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler"
+    installed = environment.installed_file(environment.installed_vllm("0.33.0"), module)
+    audit["vllm_version"] = "0.33.0"
+    audit["target"] = {
+        "module": module,
+        "path": "/home/runner/site-packages/" + module.replace(".", "/") + ".py",  # CI's
+        "sha256": environment.sha256_file(installed),
+    }
+    report = written(tmp_path, audit)
+    (file,) = report["files"].values()
+    assert file["source"] == installed.read_text()
 
 
 def test_writing_replaces_the_report_and_leaves_no_temporary_file(
@@ -263,26 +320,63 @@ def test_writing_replaces_the_report_and_leaves_no_temporary_file(
     out = tmp_path / "reports" / "mutation.json"
     out.parent.mkdir()
     out.write_text("old")
-    write_mutation_report(out, audit)
+    assert write_reports(loaded(tmp_path, audit), out.parent).mutation == out
     assert json.loads(out.read_text())["schemaVersion"] == "2"
-    assert [p.name for p in out.parent.iterdir()] == ["mutation.json"]
+    assert [p.name for p in out.parent.rglob("*.tmp")] == []
     assert out.read_text().startswith('{\n "schemaVersion"')  # indent=1
 
 
 def test_a_failed_write_keeps_the_old_report_and_no_temporary_file(
     audit: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    out = tmp_path / "mutation.json"
+    out = tmp_path / "reports" / "mutation.json"
+    out.parent.mkdir()
     out.write_text("old")
+    results = loaded(tmp_path, audit)
 
     def disk_full(fd: int) -> None:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(files.os, "fsync", disk_full)
     with pytest.raises(OSError, match="No space"):
-        write_mutation_report(out, audit)
+        write_reports(results, out.parent)
     assert out.read_text() == "old"
-    assert [p.name for p in tmp_path.iterdir() if p.suffix == ".tmp"] == []
+    assert [p.name for p in out.parent.rglob("*") if p.suffix == ".tmp"] == []
+
+
+def test_the_report_command_rewrites_mutation_json_from_saved_results(
+    audit: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = saved(tmp_path, audit)
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "mutation.json").write_text("stale")
+    config = tmp_path / "pyproject.toml"
+    config.write_text("")  # this project's own pyproject must not leak into the test
+    argv = ["report", "--config", str(config), "--reports", str(reports), "--results", str(path)]
+    assert main(argv) == 0
+    expected = render_mutation_report(load_results(path))
+    assert (reports / "mutation.json").read_text() == expected
+    assert json.loads(expected)["files"]["pkg/fence.py"]["source"] == SOURCE
+    assert capsys.readouterr().out.startswith(f"fence-audit: report {reports / 'index.html'}")
+
+
+def test_the_report_command_says_why_mutation_json_is_not_written(
+    audit: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = saved(tmp_path, audit)
+    Path(audit["target"]["path"]).unlink()  # results downloaded from another machine
+    config = tmp_path / "pyproject.toml"
+    config.write_text("")
+    reports = tmp_path / "reports"
+    argv = ["report", "--config", str(config), "--reports", str(reports), "--results", str(path)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert (
+        f"fence-audit: mutation.json not written: the audited pkg.fence ({audit['target']['path']})"
+        in out
+    )
+    assert (reports / "summary.md").is_file()
 
 
 def test_schema_helper_skips_with_a_reason_when_neither_cache_nor_network(

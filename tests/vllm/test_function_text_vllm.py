@@ -12,12 +12,12 @@ import types
 from pathlib import Path
 
 from audit import catalogue, environment
-from audit._executor import function_text
 from audit.config import load_config
-from audit.executor import function_frame
-from audit.model import apply_edits
+from audit.jobs import function_frame
 from audit.mutants import build_mutants
-from audit.regions import find_code, resolve_regions
+from audit.protocol import apply_edits
+from audit.regions import resolve_regions
+from audit.testproc.codeswap import find_code, function_text
 
 
 def identity(code: types.CodeType) -> tuple[object, ...]:

@@ -1,0 +1,146 @@
+"""What the test process is asked to judge: a :class:`audit.protocol.Job` per mutant.
+
+A job carries the mutant's edits, the frame that lets the judging fork compile the
+mutated function alone, the covering tests in the order to run them, and the time
+budgets that turn a hang into a verdict.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import os
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from audit.errors import ExecutorFailed
+from audit.model import Mutant
+from audit.protocol import Frame, Job, LineEdit, is_project_test
+from audit.regions import find_function, first_line
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorOptions:
+    jobs: int = os.cpu_count() or 1
+    timeout_factor: float = 10.0  # a test's budget: this times its baseline duration,
+    timeout_min_s: float = 10.0  # and never less than this
+    max_hangs: int = 3  # hung tests after which a mutant is judged TIMEOUT at once
+    use_cache: bool = True
+
+    def test_budget(self, baseline_s: float) -> float:
+        return round(max(self.timeout_min_s, self.timeout_factor * baseline_s), 3)
+
+    def mutant_timeout(self, baseline_s: float, budgets: Iterable[float]) -> float:
+        """Backstop for a whole judging: every test thrice its baseline time, the
+        largest budgets spent on hangs, and slack for the fork."""
+        hangs = sum(sorted(budgets, reverse=True)[: self.max_hangs])
+        return round(3 * baseline_s + hangs + 30.0, 3)
+
+
+def build_job(
+    mutant: Mutant,
+    key: str,
+    source: str,
+    durations: Mapping[str, float],
+    options: ExecutorOptions,
+) -> Job:
+    """The job judging ``mutant`` (``source``: the target's text, for its frame)."""
+    # vLLM's own tests first, fastest first: a kill by this project's suite then
+    # means that no test of vLLM's killed it (the report's "vLLM alone" score).
+    tests = tuple(
+        sorted(mutant.covered_by, key=lambda t: (is_project_test(t), durations.get(t, 0.0), t))
+    )
+    budgets = {t: options.test_budget(durations.get(t, 0.0)) for t in tests}
+    return Job(
+        key=key,
+        id=mutant.id,
+        function=mutant.function,
+        edits=mutant.edits,
+        tests=tests,
+        budgets=budgets,
+        timeout_s=options.mutant_timeout(
+            sum(durations.get(t, 0.0) for t in tests), budgets.values()
+        ),
+        frame=None if mutant.module else function_frame(source, mutant.function),
+        module=mutant.module,
+        path=mutant.path,
+    )
+
+
+@functools.lru_cache(maxsize=256)  # one per function judged, not one per mutant
+def function_frame(source: str, qualname: str) -> Frame | None:
+    """Where ``qualname`` sits in ``source``: its lines (decorators included), the
+    header lines of its enclosing classes, and the module's imports; what the
+    judging fork needs to compile the function alone
+    (:func:`audit.testproc.codeswap.function_text`). None: compile the module."""
+    tree = _parsed(source)
+    node = find_function(tree, qualname)
+    if node is None:
+        return None
+    headers = []
+    scope: list[ast.stmt] = tree.body
+    for part in qualname.split(".")[:-1]:
+        cls = next((n for n in scope if isinstance(n, ast.ClassDef) and n.name == part), None)
+        if cls is None or cls.decorator_list:
+            return None  # a function nested in a function, or a decorated class
+        headers.append((cls.lineno, cls.body[0].lineno - 1))
+        scope = cls.body
+    # The module's imports come along: CPython compiles ``module.attr()`` differently
+    # when ``module`` is a name bound by an import (LOAD_ATTR, not LOAD_METHOD).
+    imports = [ast.unparse(n) + "\n" for n in _module_imports(tree.body)]
+    future = [line for line in imports if line.startswith("from __future__")]
+    prelude = "".join(future + [line for line in imports if line not in future])
+    start = first_line(node)
+    if any(h[0] <= prelude.count("\n") for h in headers) or start <= prelude.count("\n"):
+        return None
+    return Frame(start, node.end_lineno or node.lineno, tuple(headers), prelude)
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed(source: str) -> ast.Module:
+    """A module's tree, parsed once for all the functions judged in it (never mutated)."""
+    return ast.parse(source)
+
+
+def _module_imports(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """Import statements at module level, also inside top-level if/try blocks."""
+    for stmt in body:
+        if isinstance(stmt, ast.Import | ast.ImportFrom):
+            yield stmt
+        elif isinstance(stmt, ast.If | ast.Try):
+            for block in (stmt.body, stmt.orelse, getattr(stmt, "finalbody", [])):
+                yield from _module_imports(block)
+            for handler in getattr(stmt, "handlers", []):
+                yield from _module_imports(handler.body)
+
+
+def forced_failure(source: str, reference: Job) -> Job:
+    """A job whose mutant makes ``reference``'s function raise at once: its tests must
+    kill it, or no survivor can be trusted.
+
+    ``source`` is the target's; a reference in another module brings its own file."""
+    function = reference.function
+    if reference.module:
+        source = Path(reference.path).read_text(encoding="utf-8")
+    node = find_function(_parsed(source), function)
+    if node is None:
+        raise ExecutorFailed(f"forced-fail check: function {function} not found")
+    line = node.body[0].lineno
+    text = source.splitlines()[line - 1]
+    indent = text[: len(text) - len(text.lstrip())]
+    edit = LineEdit(line, line - 1, (f"{indent}raise RuntimeError('fence-audit: forced failure')",))
+    return Job(
+        key=f"forced-fail-{uuid.uuid4().hex}",
+        id=f"{function}:forced-failure",
+        function=function,
+        edits=(edit,),
+        # A few covering tests prove a target mutant switches on. Another module's
+        # mutants have no per-line coverage: any test may be the first to run it.
+        tests=reference.tests if reference.module else reference.tests[:5],
+        budgets=reference.budgets,
+        timeout_s=reference.timeout_s,
+        module=reference.module,
+        path=reference.path,
+    )

@@ -1,0 +1,400 @@
+"""Everything that crosses the boundary between fence-audit and a test process.
+
+fence-audit (the parent) and the test process (:mod:`audit.testproc`) share no
+memory: the parent writes a *spec* file, the test process reports *events* on its
+stdout, receives *commands* on a pipe, and leaves *outcomes* (the baseline's) and
+*verdicts* (one file per mutant) on disk. Each of those is a frozen dataclass here,
+with its JSON both ways (:func:`to_json`, :func:`from_json`), so mypy checks both
+sides of the most fragile contract in the project and a message that does not
+match its type is refused (:class:`ProtocolError`) instead of half-read.
+
+This module imports only the standard library: the test process imports it before
+vLLM, and nothing else of fence-audit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import os
+import types
+import typing
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar, Union
+
+# How a test process marks its events (JSON) in its stdout, among pytest's own output.
+PROGRESS = "@@fence-audit "
+PROJECT_PREFIX = "project/"  # test ids of this project's suite (see baseline.stage_suite)
+
+T = TypeVar("T")
+
+
+class ProtocolError(ValueError):
+    """A message that does not match its type: a fence-audit bug, or a damaged file."""
+
+
+def is_project_test(test_id: str) -> bool:
+    return test_id.startswith(PROJECT_PREFIX)
+
+
+# --- values ------------------------------------------------------------------------
+
+
+class TestOutcome(StrEnum):
+    __test__ = False  # not a pytest test class
+    PASSED = "passed"
+    FAILED = "failed"
+    ERROR = "error"
+    SKIPPED = "skipped"
+    XFAILED = "xfailed"
+
+    @property
+    def is_red(self) -> bool:
+        return self in (TestOutcome.FAILED, TestOutcome.ERROR)
+
+
+class MutantStatus(StrEnum):
+    KILLED = "killed"
+    SURVIVED = "survived"
+    TIMEOUT = "timeout"
+    NO_TESTS = "no_tests"  # no test of the suite executes the mutated lines
+    ERROR = "error"  # the mutant could not be judged (crash, does not compile, ...)
+    EQUIVALENT = "equivalent"  # survived or reached by no test, and reviewed as equivalent
+
+
+@dataclass(frozen=True, slots=True)
+class LineEdit:
+    """Replace lines ``start..end`` (1-based, inclusive; ``end = start - 1`` inserts)."""
+
+    start: int
+    end: int
+    new_lines: tuple[str, ...]
+
+
+def apply_edits(source: str, edits: tuple[LineEdit, ...]) -> str:
+    """``source`` with ``edits`` applied; line numbers refer to the original."""
+    lines = source.splitlines(keepends=True)
+    for edit in sorted(edits, key=lambda e: e.start, reverse=True):
+        lines[edit.start - 1 : edit.end] = [text + "\n" for text in edit.new_lines]
+    return "".join(lines)
+
+
+# --- specs: what a test process is asked to do ---------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BaselineSpec:
+    """Run the suite under coverage, a context per test; then wait for a command."""
+
+    kind: ClassVar[str] = "baseline"
+    overlay: dict[str, str]  # module -> file served in its place (a checkout's target)
+    include: tuple[str, ...]  # the files coverage measures
+    data_file: str
+    outcomes: str  # where the :class:`Outcomes` go
+    pytest_args: tuple[str, ...]
+    command_fd: int | None = None  # the command pipe; None: exit after the baseline
+
+
+@dataclass(frozen=True, slots=True)
+class PlainRunSpec:
+    """Run the selected tests once, unmeasured (the benchmark's fresh process per mutant)."""
+
+    kind: ClassVar[str] = "plain"
+    overlay: dict[str, str]
+    select: tuple[str, ...]  # test ids, in this order
+    pytest_args: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """Where a function sits in its module: what compiling it alone needs
+    (:func:`audit.testproc.codeswap.function_text`)."""
+
+    start: int  # first line (decorators included)
+    end: int
+    headers: tuple[tuple[int, int], ...]  # first and last header line of each enclosing class
+    prelude: str  # the module's import statements, ``__future__`` first
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One mutant to judge: its edits, where they apply, and the tests to run."""
+
+    key: str  # the verdict's file name in the results folder (its cache key)
+    id: str
+    function: str
+    edits: tuple[LineEdit, ...]
+    tests: tuple[str, ...]  # in the order to run them
+    budgets: dict[str, float]  # test id -> seconds before the test counts as hung
+    timeout_s: float  # the whole judging's backstop, for a hang no alarm interrupts
+    frame: Frame | None = None  # None: compile the whole module
+    module: str = ""  # another module than the target, and its file; empty: the target
+    path: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class MutationSpec:
+    """Judge ``jobs`` after the forced-fail check, ``workers`` forks at a time."""
+
+    kind: ClassVar[str] = "mutation"
+    overlay: dict[str, str]
+    pytest_args: tuple[str, ...]
+    warm_up: tuple[str, ...]  # tests to run once before the first fork (a new process)
+    target_module: str
+    target_path: str
+    results_dir: str
+    workers: int
+    max_hangs: int
+    jobs: tuple[Job, ...]
+    forced_fail: Job  # raises at once: must be killed, or no survivor can be trusted
+
+
+Spec = BaselineSpec | PlainRunSpec | MutationSpec
+_SPECS: dict[str, type[Spec]] = {s.kind: s for s in (BaselineSpec, PlainRunSpec, MutationSpec)}
+
+
+def write_spec(path: Path, spec: Spec) -> None:
+    path.write_text(json.dumps({"kind": spec.kind, **to_json(spec)}, indent=1))
+
+
+def read_spec(path: Path) -> Spec:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    kind = data.pop("kind", None) if isinstance(data, dict) else None
+    if kind not in _SPECS:
+        raise ProtocolError(f"{path}: unknown spec kind {kind!r}")
+    return from_json(_SPECS[kind], data)
+
+
+# --- commands: the parent to a warm test process --------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    action: typing.Literal["mutate", "exit"]
+    spec: str = ""  # with ``mutate``: the :class:`MutationSpec` file
+
+
+EXIT = Command("exit")
+
+
+# --- results left on disk ---------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """One mutant's verdict, as the judging process reached it (one file each)."""
+
+    status: MutantStatus
+    killed_by: str = ""  # test id
+    failure: str = ""  # the tail of the killing test's failure, or the error
+    tests_run: tuple[str, ...] = ()
+    duration_s: float = 0.0
+
+
+def save_verdict(path: Path, verdict: Verdict) -> None:
+    """Write atomically (temp file + rename): a reader never sees half a verdict."""
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(to_json(verdict)))
+    tmp.replace(path)
+
+
+def load_verdict(path: Path) -> Verdict:
+    """The verdict in ``path``; OSError if absent, ProtocolError if damaged."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ProtocolError(f"{path}: {error}") from None
+    return from_json(Verdict, data)
+
+
+@dataclass(frozen=True, slots=True)
+class TestRecord:
+    __test__ = False  # not a pytest test class
+    outcome: TestOutcome
+    duration_s: float
+    failure: str = ""  # the last lines of pytest's report, when red
+
+
+@dataclass(frozen=True, slots=True)
+class CollectionError:
+    nodeid: str
+    failure: str
+
+
+@dataclass(frozen=True, slots=True)
+class Outcomes:
+    """The baseline's outcome, per test, as the test process saw it."""
+
+    exit_code: int
+    collected: int
+    collection_errors: tuple[CollectionError, ...]
+    tests: dict[str, TestRecord]
+
+
+# --- events: a test process's progress, on its stdout -------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BaselineDone:
+    kind: ClassVar[str] = "baseline_done"
+    exit_code: int
+
+
+@dataclass(frozen=True, slots=True)
+class Collected:
+    kind: ClassVar[str] = "collected"
+    tests: int
+    threads: int
+
+
+@dataclass(frozen=True, slots=True)
+class MissingTests:
+    """Covering tests the process did not collect: nothing can be judged."""
+
+    kind: ClassVar[str] = "missing_tests"
+    tests: tuple[str, ...]  # the first few
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Warmed:
+    kind: ClassVar[str] = "warmed"
+    tests: int
+    threads: int
+    seconds: float = 0.0
+    threads_before: int = 0
+    red: tuple[str, ...] = ()  # tests that failed in the warm-up (the first ten)
+
+
+@dataclass(frozen=True, slots=True)
+class ForcedFailChecked:
+    kind: ClassVar[str] = "forced_fail_checked"
+    verdict: Verdict
+
+
+@dataclass(frozen=True, slots=True)
+class Judged:
+    kind: ClassVar[str] = "judged"
+    id: str
+    status: MutantStatus
+    child_s: float | None = None  # inside the judging fork
+    wall_s: float | None = None  # fork to reaped, as the pool saw it
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """Every verdict is written; what is left is pytest's teardown."""
+
+    kind: ClassVar[str] = "done"
+
+
+Event = BaselineDone | Collected | MissingTests | Warmed | ForcedFailChecked | Judged | Done
+_EVENTS: dict[str, type[Event]] = {
+    e.kind: e
+    for e in (BaselineDone, Collected, MissingTests, Warmed, ForcedFailChecked, Judged, Done)
+}
+
+
+def event_line(event: Event) -> str:
+    return PROGRESS + json.dumps({"event": event.kind, **to_json(event)}) + "\n"
+
+
+def parse_event(line: str) -> Event | None:
+    """The event on a line of a test process's output; None on a line of pytest's own.
+
+    pytest's progress dots may precede the marker on the same line."""
+    if PROGRESS not in line:
+        return None
+    data = json.loads(line.split(PROGRESS, 1)[1])
+    kind = data.pop("event", None)
+    if kind not in _EVENTS:
+        raise ProtocolError(f"unknown event {kind!r}")
+    return from_json(_EVENTS[kind], data)
+
+
+# --- JSON both ways -----------------------------------------------------------------
+
+
+def to_json(value: Any) -> Any:
+    """A message as JSON-ready data: dataclasses as objects, tuples as lists."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, tuple | list):
+        return [to_json(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): to_json(v) for k, v in value.items()}
+    return value
+
+
+def from_json(cls: type[T], data: Any) -> T:
+    """``data`` read back as a ``cls``; ProtocolError naming the first field that does
+    not fit (a missing one, an unknown one, or a value of the wrong type)."""
+    return typing.cast(T, _decode(cls, data, cls.__name__))
+
+
+def _decode(hint: Any, data: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    if dataclasses.is_dataclass(hint):
+        return _decode_dataclass(typing.cast(type, hint), data, where)
+    if origin in (Union, types.UnionType):
+        options = typing.get_args(hint)
+        if data is None and type(None) in options:
+            return None
+        (inner,) = (o for o in options if o is not type(None))
+        return _decode(inner, data, where)
+    if origin is typing.Literal:
+        if data not in typing.get_args(hint):
+            raise ProtocolError(f"{where}: {data!r} is not one of {typing.get_args(hint)}")
+        return data
+    if origin is tuple:
+        args = typing.get_args(hint)
+        _expect(isinstance(data, list), data, "a list", where)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_decode(args[0], v, f"{where}[{i}]") for i, v in enumerate(data))
+        _expect(len(data) == len(args), data, f"{len(args)} items", where)
+        return tuple(
+            _decode(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, data, strict=True))
+        )
+    if origin is dict:
+        _, value_hint = typing.get_args(hint)
+        _expect(isinstance(data, dict), data, "an object", where)
+        return {k: _decode(value_hint, v, f"{where}[{k!r}]") for k, v in data.items()}
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        try:
+            return hint(data)
+        except ValueError:
+            raise ProtocolError(f"{where}: {data!r} is not a {hint.__name__}") from None
+    if hint is float:
+        _expect(isinstance(data, int | float) and not isinstance(data, bool), data, hint, where)
+        return float(data)
+    if hint in (int, str, bool):
+        _expect(type(data) is hint, data, hint, where)
+        return data
+    raise ProtocolError(f"{where}: no decoder for {hint!r}")  # a type this module lacks
+
+
+def _decode_dataclass(cls: type, data: Any, where: str) -> Any:
+    _expect(isinstance(data, dict), data, "an object", where)
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ProtocolError(f"{where}: unexpected field {unknown[0]!r}")
+    values = {}
+    for name, spec in fields.items():
+        if name in data:
+            values[name] = _decode(hints[name], data[name], f"{where}.{name}")
+        elif spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
+            raise ProtocolError(f"{where}: missing field {name!r}")
+    return cls(**values)
+
+
+def _expect(ok: bool, data: Any, wanted: Any, where: str) -> None:
+    if not ok:
+        name = wanted.__name__ if isinstance(wanted, type) else wanted
+        raise ProtocolError(f"{where}: expected {name}, got {type(data).__name__}")

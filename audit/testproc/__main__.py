@@ -1,0 +1,27 @@
+"""``python -m audit.testproc SPEC.json``: the test process's entry point."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from audit.protocol import BaselineSpec, MutationSpec, PlainRunSpec, read_spec
+from audit.testproc import baseline, isolation, loop
+
+
+def main(argv: list[str]) -> int:
+    spec = read_spec(Path(argv[0]))
+    # Before anything imports vLLM: the overlay must win the import of the target.
+    if spec.overlay:
+        isolation.install_overlay({name: Path(file) for name, file in spec.overlay.items()})
+    isolation.block_network()
+    if isinstance(spec, BaselineSpec):
+        return baseline.run(spec)
+    if isinstance(spec, PlainRunSpec):
+        return baseline.run_plain(spec)
+    assert isinstance(spec, MutationSpec)
+    return loop.run(spec)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,83 @@
+"""What the test process does before vLLM is imported: the overlay and the network guard.
+
+The overlay serves chosen modules from other files in place of the installed ones:
+with ``--vllm-src`` the audited module comes from the checkout while the rest of
+vLLM is the installed package; the benchmark's fresh process per mutant serves a
+mutated copy the same way. Nothing on disk is modified; only the import is
+redirected. (The audit's own mutants never go through it: they swap a function's
+code in the live process, :mod:`audit.testproc.codeswap`.)
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import socket
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+
+class OverlayFinder(importlib.abc.MetaPathFinder):
+    def __init__(self, files: Mapping[str, Path]) -> None:
+        self.files = dict(files)
+
+    def find_spec(
+        self,
+        fullname: str,
+        path: Sequence[str] | None,
+        target: ModuleType | None = None,
+    ) -> importlib.machinery.ModuleSpec | None:
+        file = self.files.get(fullname)
+        if file is None:
+            return None
+        if file.name == "__init__.py":  # a package: its submodules are searched beside it
+            return importlib.util.spec_from_file_location(
+                fullname, file, submodule_search_locations=[str(file.parent)]
+            )
+        return importlib.util.spec_from_file_location(fullname, file)
+
+
+def install_overlay(files: Mapping[str, Path]) -> OverlayFinder:
+    """Put an overlay first on ``sys.meta_path``; call before the modules are imported."""
+    already = [name for name in files if name in sys.modules]
+    if already:
+        raise RuntimeError(f"overlay installed after {already[0]} was imported")
+    finder = OverlayFinder(files)
+    sys.meta_path.insert(0, finder)
+    return finder
+
+
+class NetworkBlocked(OSError):
+    """Raised in the test process when code tries to open a network connection."""
+
+
+def block_network() -> None:
+    """Refuse every outgoing connection except Unix sockets and loopback."""
+    original_connect = socket.socket.connect
+    original_connect_ex = socket.socket.connect_ex
+
+    def check(sock: Any, address: Any) -> None:
+        if sock.family != socket.AF_UNIX and not _is_loopback(address):
+            raise NetworkBlocked(
+                f"fence-audit: network access is blocked during the audit (connect to {address!r})"
+            )
+
+    def connect(sock: Any, address: Any) -> None:
+        check(sock, address)
+        original_connect(sock, address)
+
+    def connect_ex(sock: Any, address: Any) -> int:
+        check(sock, address)
+        return original_connect_ex(sock, address)
+
+    socket.socket.connect = connect  # type: ignore[method-assign]
+    socket.socket.connect_ex = connect_ex  # type: ignore[method-assign]
+
+
+def _is_loopback(address: Any) -> bool:
+    host = address[0] if isinstance(address, tuple) else address
+    return host in ("localhost", "127.0.0.1", "::1") or str(host).startswith("127.")

@@ -1,0 +1,113 @@
+"""The in-fork judge: one mutant switched on, its covering tests run, one verdict.
+
+It runs in a process forked from the warm one, so the mutant's code never reaches
+the parent or the other mutants; it writes its verdict to its own file and exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import signal
+import time
+import types
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _pytest.runner import runtestprotocol
+
+from audit.protocol import Job, MutantStatus, MutationSpec, Verdict, apply_edits, save_verdict
+from audit.testproc.codeswap import activate, function_text
+
+FAILURE_LINES = 15  # of the killing test's report, its last ones (native traceback)
+
+
+def judge_in_fork(spec: MutationSpec, source: str, items: dict[str, pytest.Item], job: Job) -> None:
+    """Switch ``job``'s mutant on, judge it, save the verdict, exit. Never returns."""
+    # Every object inherited from the warm parent (vLLM, torch, the collected
+    # session) goes to the permanent generation: the child's collections then
+    # walk only what its tests allocate, not the whole inherited heap (and do
+    # not touch, so copy, its pages). Measured on the sliding_window region,
+    # 49 mutants: mutant phase 17.7 s -> 13.0-13.8 s.
+    gc.freeze()
+    code = 0
+    started = time.monotonic()
+    try:
+        if job.module:  # another module than the target (the worker's)
+            module, path, text = job.module, job.path, Path(job.path).read_text()
+        else:
+            module, path, text = spec.target_module, spec.target_path, source
+        alone = function_text(text, job.edits, job.frame) if job.frame else None
+        activate(module, path, job.function, alone or apply_edits(text, job.edits))
+        verdict = run_tests(items, job, spec.max_hangs)
+    except BaseException as error:  # the verdict must reach the parent
+        verdict = Verdict(MutantStatus.ERROR, failure=f"{type(error).__name__}: {error}")
+        code = 1
+    verdict = Verdict(
+        verdict.status,
+        verdict.killed_by,
+        verdict.failure,
+        verdict.tests_run,
+        round(time.monotonic() - started, 3),
+    )
+    try:
+        save_verdict(Path(spec.results_dir) / f"{job.key}.json", verdict)
+    finally:
+        os._exit(code)
+
+
+def run_tests(items: dict[str, pytest.Item], job: Job, max_hangs: int) -> Verdict:
+    """Run the job's tests until one fails; a test over its time budget counts as hung.
+
+    Killed if a test fails; timeout if none fails but one hung (or ``max_hangs``
+    hung: then the judging stops there); survived otherwise.
+    """
+    run: list[str] = []
+    hung: list[str] = []
+    for test_id in job.tests:
+        run.append(test_id)
+        with time_budget(job.budgets[test_id]) as alarm:
+            reports = runtestprotocol(items[test_id], nextitem=None, log=False)
+        if alarm.fired:
+            hung.append(test_id)
+            if len(hung) >= max_hangs:
+                break
+            continue
+        failed = next((r for r in reports if r.failed), None)
+        if failed is not None:
+            tail = "\n".join(failed.longreprtext.splitlines()[-FAILURE_LINES:])
+            return Verdict(MutantStatus.KILLED, test_id, tail, tuple(run))
+    if hung:
+        budget = ", ".join(f"{t} > {job.budgets[t]:.1f}s" for t in hung)
+        return Verdict(MutantStatus.TIMEOUT, failure=f"hung: {budget}", tests_run=tuple(run))
+    return Verdict(MutantStatus.SURVIVED, tests_run=tuple(run))
+
+
+class TestHung(BaseException):
+    """Raised into a test that overran its budget (a BaseException: code under test
+    that catches ``Exception`` must not swallow it)."""
+
+    __test__ = False
+
+
+class _Alarm:
+    fired = False
+
+
+@contextlib.contextmanager
+def time_budget(seconds: float) -> Iterator[_Alarm]:
+    alarm = _Alarm()
+
+    def expire(signum: int, frame: types.FrameType | None) -> None:
+        alarm.fired = True
+        raise TestHung(f"fence-audit: test exceeded its {seconds:.1f}s budget")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield alarm
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

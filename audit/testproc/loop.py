@@ -1,0 +1,91 @@
+"""The warm mutant loop: collect once, warm up, prove mutants switch on, judge them all.
+
+It runs in the baseline's process once the baseline is done (:mod:`.baseline`), or
+in a process of its own (``python -m audit.testproc`` with a mutation spec: tests,
+the benchmark's cold figure, and whenever the warm process is gone), where it
+replaces pytest's run loop.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from _pytest.runner import runtestprotocol
+
+from audit.protocol import (
+    Collected,
+    Done,
+    ForcedFailChecked,
+    MissingTests,
+    MutantStatus,
+    MutationSpec,
+    Warmed,
+    load_verdict,
+)
+from audit.testproc.channel import emit, os_threads
+from audit.testproc.pool import ForkPool
+
+
+class MutantLoop:
+    """A pytest plugin that replaces the run loop with the mutant loop."""
+
+    def __init__(self, spec: MutationSpec) -> None:
+        self.spec = spec
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> bool:
+        self.judge_all(session, warm_up=True)
+        return True
+
+    def judge_all(self, session: pytest.Session, *, warm_up: bool) -> None:
+        """The mutant loop over a collected session (warmed up here unless it already is)."""
+        items = {item.nodeid: item for item in session.items}
+        emit(Collected(len(items), os_threads()))
+        wanted = {t for job in self.spec.jobs for t in job.tests}
+        missing = sorted(wanted - set(items))
+        if missing:
+            emit(MissingTests(tuple(missing[:20]), len(missing)))
+            return
+        if warm_up:
+            self.warm_up(items)
+        else:
+            emit(Warmed(0, os_threads()))
+        pool = ForkPool(self.spec, items)
+        # Prove that a mutant really switches on before trusting any survivor.
+        check = self.spec.forced_fail
+        pool.run([check])
+        path = pool.verdict_path(check)
+        verdict = load_verdict(path)
+        path.unlink()
+        emit(ForcedFailChecked(verdict))
+        if verdict.status is not MutantStatus.KILLED:
+            return
+        pool.run(self.spec.jobs)
+        # Every verdict is written: what is left (pytest's session teardown, the
+        # interpreter's exit) is of no use, and the caller may kill us now.
+        emit(Done())
+
+    def warm_up(self, items: dict[str, pytest.Item]) -> None:
+        """Run every covering test once here, so each fork starts fully warm.
+
+        A test's first run in a process pays one-time work (lazy imports, caches,
+        up to 2 s for some of vLLM's tests); paid once here, every fork inherits
+        it and runs each test at its steady-state speed. The baseline proved these
+        tests green. Thread counts before and after are reported: a test that left
+        threads running would make forking hazardous.
+        """
+        threads = os_threads()
+        started = time.monotonic()
+        red = []
+        for test_id in self.spec.warm_up:
+            reports = runtestprotocol(items[test_id], nextitem=None, log=False)
+            if any(r.failed for r in reports):
+                red.append(test_id)
+        seconds = round(time.monotonic() - started, 3)
+        emit(Warmed(len(self.spec.warm_up), os_threads(), seconds, threads, tuple(red[:10])))
+
+
+def run(spec: MutationSpec) -> int:
+    """A new executor process: pytest collects the suite, then the mutant loop runs."""
+    return int(pytest.main(list(spec.pytest_args), plugins=[MutantLoop(spec)]))

@@ -1,0 +1,123 @@
+"""The fork pool: one fork per mutant, a few at a time, each with a deadline.
+
+The pool's process never runs a test itself while it forks, so no test starts
+threads (torch's pools, vLLM's helpers) in it before a fork.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from audit.protocol import (
+    Job,
+    Judged,
+    MutantStatus,
+    MutationSpec,
+    Verdict,
+    is_project_test,
+    load_verdict,
+    save_verdict,
+)
+from audit.testproc.channel import emit
+from audit.testproc.judge import judge_in_fork
+
+POLL_S = 0.005  # waking on SIGCHLD instead measured no gain (DESIGN.md, "The executor")
+
+
+@dataclass(frozen=True, slots=True)
+class _Running:
+    job: Job
+    started: float
+    deadline: float
+
+
+class ForkPool:
+    """Judges jobs in forks of this (warm) process, ``spec.workers`` at a time."""
+
+    def __init__(self, spec: MutationSpec, items: dict[str, pytest.Item]) -> None:
+        self.spec = spec
+        self.items = items
+        self.results = Path(spec.results_dir)
+        self.results.mkdir(parents=True, exist_ok=True)
+        self.source = Path(spec.target_path).read_text()
+        # Kills so far, per function and per test: a test that killed a mutant of a
+        # function is tried first on the next mutants of that function.
+        self.kills: dict[str, Counter[str]] = defaultdict(Counter)
+
+    def run(self, jobs: Iterable[Job]) -> None:
+        queue = iter(jobs)
+        running: dict[int, _Running] = {}
+        workers = max(1, self.spec.workers)
+        exhausted = False
+        while running or not exhausted:
+            while not exhausted and len(running) < workers:
+                job = next(queue, None)
+                if job is None:
+                    exhausted = True
+                    break
+                job = dataclasses.replace(job, tests=self.prioritised(job))
+                started = time.monotonic()
+                pid = os.fork()
+                if pid == 0:
+                    judge_in_fork(self.spec, self.source, self.items, job)  # never returns
+                running[pid] = _Running(job, started, started + job.timeout_s)
+            pid, status = os.waitpid(-1, os.WNOHANG) if running else (0, 0)
+            now = time.monotonic()
+            if pid:
+                done = running.pop(pid)
+                self.settled(done.job, status, now - done.started)
+                continue
+            for pid, late in list(running.items()):
+                if now > late.deadline:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                    running.pop(pid)
+                    failure = f"no verdict within {late.job.timeout_s:.1f}s"
+                    verdict = Verdict(
+                        MutantStatus.TIMEOUT,
+                        failure=failure,
+                        duration_s=round(now - late.started, 3),
+                    )
+                    save_verdict(self.verdict_path(late.job), verdict)
+                    emit(Judged(late.job.id, MutantStatus.TIMEOUT))
+            time.sleep(POLL_S)
+
+    def verdict_path(self, job: Job) -> Path:
+        return self.results / f"{job.key}.json"
+
+    def settled(self, job: Job, status: int, duration: float) -> None:
+        """A fork ended: read its verdict (or record why there is none), learn its killer."""
+        path = self.verdict_path(job)
+        if not path.is_file():
+            reason = (
+                f"killed by signal {os.WTERMSIG(status)}"
+                if os.WIFSIGNALED(status)
+                else f"exit status {os.waitstatus_to_exitcode(status)}"
+            )
+            failure = f"the judging process ended without a verdict ({reason})"
+            save_verdict(
+                path, Verdict(MutantStatus.ERROR, failure=failure, duration_s=round(duration, 3))
+            )
+        verdict = load_verdict(path)
+        if verdict.status is MutantStatus.KILLED:
+            self.kills[job.function][verdict.killed_by] += 1
+        emit(Judged(job.id, verdict.status, verdict.duration_s, round(duration, 3)))
+
+    def prioritised(self, job: Job) -> tuple[str, ...]:
+        """The job's tests, the ones that killed its function's other mutants first.
+
+        Only the order within each suite changes: vLLM's tests still run before this
+        project's, so that a kill by the project's means no test of vLLM's killed it.
+        """
+        kills = self.kills[job.function]
+        position = {t: i for i, t in enumerate(job.tests)}
+        return tuple(sorted(job.tests, key=lambda t: (is_project_test(t), -kills[t], position[t])))
