@@ -7,6 +7,7 @@ baseline or an empty selection stops the audit here, before any mutant.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -20,7 +21,7 @@ from pathlib import Path
 from audit.config import Config, SuitePath
 from audit.errors import BaselineFailed, ConfigError, NoTestsSelected
 from audit.hermetic import child_environment, prepare_hf_home
-from audit.model import BaselineRun, Target, TestResult
+from audit.model import BaselineRun, Target
 from audit.protocol import (
     PROJECT_PREFIX,
     BaselineDone,
@@ -271,7 +272,7 @@ def _check_outcomes(
         raise BaselineFailed(
             f"the fence suite failed to collect ({len(outcomes.collection_errors)} errors)",
             details={
-                "first error": first.nodeid or "(session)",
+                "first error": first[0] or "(session)",
                 "log": str(log),
                 "next": "fix the import error; a suite that does not load guards nothing",
             },
@@ -286,8 +287,7 @@ def _check_outcomes(
             },
         )
     tests = tuple(
-        TestResult(test_id, record.outcome, round(record.duration_s, 6), record.failure)
-        for test_id, record in outcomes.tests.items()
+        dataclasses.replace(test, duration_s=round(test.duration_s, 6)) for test in outcomes.tests
     )
     red = [t for t in tests if t.outcome.is_red]
     if red or returncode not in (0, PYTEST_NO_TESTS_COLLECTED):

@@ -10,19 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from audit.protocol import LineEdit, MutantStatus, TestOutcome
+from audit.protocol import LineEdit, MutantStatus, TestResult
 
 COVERAGE_MAP_FORMAT = 1
 REGIONS_FORMAT = 1
-
-
-@dataclass(frozen=True, slots=True)
-class TestResult:
-    __test__ = False  # not a pytest test class
-    test_id: str  # pytest node id
-    outcome: TestOutcome
-    duration_s: float
-    failure: str = ""  # the last lines of pytest's report, when red
 
 
 @dataclass(frozen=True, slots=True)

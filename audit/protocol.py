@@ -211,17 +211,12 @@ def load_verdict(path: Path) -> Verdict:
 
 
 @dataclass(frozen=True, slots=True)
-class TestRecord:
+class TestResult:
     __test__ = False  # not a pytest test class
+    test_id: str  # pytest node id
     outcome: TestOutcome
     duration_s: float
     failure: str = ""  # the last lines of pytest's report, when red
-
-
-@dataclass(frozen=True, slots=True)
-class CollectionError:
-    nodeid: str
-    failure: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,8 +225,8 @@ class Outcomes:
 
     exit_code: int
     collected: int
-    collection_errors: tuple[CollectionError, ...]
-    tests: dict[str, TestRecord]
+    collection_errors: tuple[tuple[str, str], ...]  # (node id, the report's last lines)
+    tests: tuple[TestResult, ...]
 
 
 # --- events: a test process's progress, on its stdout -------------------------------
@@ -239,15 +234,11 @@ class Outcomes:
 
 @dataclass(frozen=True, slots=True)
 class BaselineDone:
+    """Coverage saved and outcomes written; the process now waits for a command
+    (:class:`Command`), unless the baseline was red."""
+
     kind: ClassVar[str] = "baseline_done"
-    exit_code: int
-
-
-@dataclass(frozen=True, slots=True)
-class Collected:
-    kind: ClassVar[str] = "collected"
-    tests: int
-    threads: int
+    exit_code: int  # pytest's
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,8 +252,14 @@ class MissingTests:
 
 @dataclass(frozen=True, slots=True)
 class Warmed:
+    """Every covering test has run once in this process: forks start warm from here.
+
+    Threads are counted before and after: a test that left one running would make
+    forking hazardous."""
+
     kind: ClassVar[str] = "warmed"
-    tests: int
+    collected: int  # tests of the session
+    tests: int  # run in the warm-up (none: the baseline has run them)
     threads: int
     seconds: float = 0.0
     threads_before: int = 0
@@ -271,12 +268,16 @@ class Warmed:
 
 @dataclass(frozen=True, slots=True)
 class ForcedFailChecked:
+    """The forced-fail check's verdict: anything but killed, and no mutant is judged."""
+
     kind: ClassVar[str] = "forced_fail_checked"
     verdict: Verdict
 
 
 @dataclass(frozen=True, slots=True)
 class Judged:
+    """One mutant's verdict is in its file."""
+
     kind: ClassVar[str] = "judged"
     id: str
     status: MutantStatus
@@ -291,10 +292,9 @@ class Done:
     kind: ClassVar[str] = "done"
 
 
-Event = BaselineDone | Collected | MissingTests | Warmed | ForcedFailChecked | Judged | Done
+Event = BaselineDone | MissingTests | Warmed | ForcedFailChecked | Judged | Done
 _EVENTS: dict[str, type[Event]] = {
-    e.kind: e
-    for e in (BaselineDone, Collected, MissingTests, Warmed, ForcedFailChecked, Judged, Done)
+    e.kind: e for e in (BaselineDone, MissingTests, Warmed, ForcedFailChecked, Judged, Done)
 }
 
 

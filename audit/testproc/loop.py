@@ -14,7 +14,6 @@ import pytest
 from _pytest.runner import runtestprotocol
 
 from audit.protocol import (
-    Collected,
     Done,
     ForcedFailChecked,
     MissingTests,
@@ -41,7 +40,6 @@ class MutantLoop:
     def judge_all(self, session: pytest.Session, *, warm_up: bool) -> None:
         """The mutant loop over a collected session (warmed up here unless it already is)."""
         items = {item.nodeid: item for item in session.items}
-        emit(Collected(len(items), os_threads()))
         wanted = {t for job in self.spec.jobs for t in job.tests}
         missing = sorted(wanted - set(items))
         if missing:
@@ -50,7 +48,7 @@ class MutantLoop:
         if warm_up:
             self.warm_up(items)
         else:
-            emit(Warmed(0, os_threads()))
+            emit(Warmed(len(items), 0, os_threads()))
         pool = ForkPool(self.spec, items)
         # Prove that a mutant really switches on before trusting any survivor.
         check = self.spec.forced_fail
@@ -83,7 +81,11 @@ class MutantLoop:
             if any(r.failed for r in reports):
                 red.append(test_id)
         seconds = round(time.monotonic() - started, 3)
-        emit(Warmed(len(self.spec.warm_up), os_threads(), seconds, threads, tuple(red[:10])))
+        emit(
+            Warmed(
+                len(items), len(self.spec.warm_up), os_threads(), seconds, threads, tuple(red[:10])
+            )
+        )
 
 
 def run(spec: MutationSpec) -> int:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import coverage
 import pytest
 
-from audit.protocol import CollectionError, Outcomes, TestOutcome, TestRecord
+from audit.protocol import Outcomes, TestOutcome, TestResult
 
 FAILURE_LINES = 30  # of a red test's report, its last ones (where the error is)
 
@@ -29,7 +29,7 @@ class Recorder:
         self.cov = cov
         self.collected = 0
         self.tests: dict[str, _Tally] = {}
-        self.collection_errors: list[CollectionError] = []
+        self.collection_errors: list[tuple[str, str]] = []  # (node id, report)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
@@ -45,9 +45,7 @@ class Recorder:
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
-            self.collection_errors.append(
-                CollectionError(report.nodeid, _last_lines(report.longreprtext))
-            )
+            self.collection_errors.append((report.nodeid, _last_lines(report.longreprtext)))
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         test = self.tests.setdefault(report.nodeid, _Tally())
@@ -68,10 +66,10 @@ class Recorder:
             exit_code=exit_code,
             collected=self.collected,
             collection_errors=tuple(self.collection_errors),
-            tests={
-                test_id: TestRecord(t.outcome, t.duration_s, t.failure)
+            tests=tuple(
+                TestResult(test_id, t.outcome, t.duration_s, t.failure)
                 for test_id, t in self.tests.items()
-            },
+            ),
         )
 
 

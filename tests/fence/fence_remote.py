@@ -4,7 +4,7 @@
 it claims the first ``remote_tokens`` tokens of a request whose ``kv_transfer_params``
 say so, loads them asynchronously, and reports the load finished one step later. Its
 worker side moves no bytes: like the harness's transfer worker, it writes block tags
-(:class:`fence_harness.Contents`), so that a load into a block that a store still reads
+(:class:`fence_contents.Contents`), so that a load into a block that a store still reads
 is caught.
 
 Under MultiConnector the OffloadingConnector sees such a request with

@@ -10,8 +10,8 @@ import coverage
 
 from audit import coverage_map
 from audit.config import RegionSpec, Selection, StatementSelector
-from audit.model import BaselineRun, Target, TestResult
-from audit.protocol import TestOutcome
+from audit.model import BaselineRun, Target
+from audit.protocol import TestOutcome, TestResult
 from audit.regions import resolve_regions
 
 SOURCE = textwrap.dedent(

@@ -1,0 +1,196 @@
+"""vLLM's configuration for a fence engine, built as vLLM's engine core builds it.
+
+:func:`vllm_config` is the ``VllmConfig`` (the OffloadingConnector over
+:class:`fence_transfers.FenceOffloadingSpec`, optionally under MultiConnector beside
+:class:`fence_remote.RemoteKVSource`); :func:`engine_config` adds the KV-cache groups
+of a layout and the block sizes the engine core resolves from them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import fence_remote
+import fence_transfers
+import torch
+from vllm.config import (
+    CacheConfig,
+    DeviceConfig,
+    KVTransferConfig,
+    ModelConfig,
+    SchedulerConfig,
+    VllmConfig,
+)
+from vllm.v1.core.kv_cache_utils import (
+    resolve_cache_hit_alignment_tokens,
+    resolve_kv_cache_block_sizes,
+)
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    KVCacheTensor,
+    SlidingWindowSpec,
+)
+
+Layout = Literal["full", "sliding", "mixed"]
+
+MODEL = "facebook/opt-125m"  # its config.json only; no weights, no tokenizer
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What the scheduler and the worker side are built from."""
+
+    vllm: VllmConfig
+    kv_cache: KVCacheConfig
+    num_gpu_blocks: int
+    group_block_sizes: list[int]  # per KV-cache group
+    scheduler_block_size: int  # the lcm of the groups' block sizes
+    hash_block_size: int  # their gcd: block hashes are chained at this size
+
+
+def engine_config(
+    *,
+    layout: Layout,
+    block_size: int,
+    sliding_block_size: int | None,
+    window_blocks: int,
+    eagle: bool,
+    num_gpu_blocks: int,
+    retention_interval: int | None,
+    **options: Any,
+) -> EngineConfig:
+    """The configs of an engine; ``options`` are the rest of :func:`vllm_config`'s."""
+    if sliding_block_size not in (None, block_size) and layout != "mixed":
+        raise ValueError(
+            f"sliding_block_size={sliding_block_size} differs from block_size="
+            f"{block_size}, which needs two groups: use layout='mixed'"
+        )
+    groups = kv_cache_groups(
+        layout, block_size, window_blocks, eagle, sliding_block_size or block_size
+    )
+    group_block_sizes = [g.kv_cache_spec.block_size for g in groups]
+    config = vllm_config(
+        block_size=block_size,
+        num_gpu_blocks=num_gpu_blocks,
+        retention_interval=retention_interval,
+        **options,
+    )
+    kv_cache_config = KVCacheConfig(
+        num_blocks=num_gpu_blocks,
+        kv_cache_tensors=[
+            KVCacheTensor(
+                size=g.kv_cache_spec.page_size_bytes * num_gpu_blocks,
+                layers=list(g.layer_names),
+                layer_stride=g.kv_cache_spec.page_size_bytes * num_gpu_blocks,
+                block_stride=g.kv_cache_spec.page_size_bytes,
+            )
+            for g in groups
+        ],
+        kv_cache_groups=groups,
+        # as vLLM's kv_cache_planning does: the KV-cache manager and the
+        # connector read the same retention
+        prefix_cache_retention_interval=retention_interval,
+    )
+    # as vLLM's engine core does: with several block sizes, the scheduler steps in
+    # their lcm and hashes in their gcd
+    scheduler_block_size, hash_block_size = resolve_kv_cache_block_sizes(kv_cache_config, config)
+    kv_cache_config.hash_block_size = hash_block_size
+    kv_cache_config.cache_hit_alignment_tokens = resolve_cache_hit_alignment_tokens(
+        kv_cache_config, config, scheduler_block_size, hash_block_size
+    )
+    return EngineConfig(
+        vllm=config,
+        kv_cache=kv_cache_config,
+        num_gpu_blocks=num_gpu_blocks,
+        group_block_sizes=group_block_sizes,
+        scheduler_block_size=scheduler_block_size,
+        hash_block_size=hash_block_size,
+    )
+
+
+def kv_cache_groups(
+    layout: Layout, block_size: int, window_blocks: int, eagle: bool, sliding_block_size: int
+) -> list[KVCacheGroupSpec]:
+    common = {"num_kv_heads": 1, "head_size": 1, "dtype": torch.float32}
+    full = KVCacheGroupSpec(["full"], FullAttentionSpec(block_size=block_size, **common))  # type: ignore[arg-type]
+    sliding = KVCacheGroupSpec(
+        ["sliding"],
+        SlidingWindowSpec(
+            block_size=sliding_block_size,
+            sliding_window=window_blocks * sliding_block_size,
+            **common,  # type: ignore[arg-type]
+        ),
+        # an EAGLE drafter's group, as the model runner tags it; no drafter runs
+        is_eagle_group=eagle,
+    )
+    return {"full": [full], "sliding": [sliding], "mixed": [full, sliding]}[layout]
+
+
+def vllm_config(
+    *,
+    block_size: int,
+    num_gpu_blocks: int,
+    blocks_per_chunk: int = 1,
+    async_scheduling: bool = False,
+    cpu_chunks: int = 64,
+    workers: int = 1,
+    max_num_batched_tokens: int = 64,
+    request_level: bool = False,
+    remote_source: bool = False,
+    retention_interval: int | None = 0,
+) -> VllmConfig:
+    """A real vLLM config with the OffloadingConnector over
+    :class:`fence_transfers.FenceOffloadingSpec`."""
+    model = ModelConfig(model=MODEL, dtype="float16", seed=0)
+    scheduler = SchedulerConfig(
+        max_num_seqs=min(16, max_num_batched_tokens),
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=4096,
+        enable_chunked_prefill=True,
+        is_encoder_decoder=False,
+        disable_hybrid_kv_cache_manager=False,
+        async_scheduling=async_scheduling,
+    )
+    cache = CacheConfig(block_size=block_size, enable_prefix_caching=True)
+    cache.num_gpu_blocks = num_gpu_blocks
+    cache.prefix_cache_retention_interval = retention_interval
+    extra: dict[str, Any] = {
+        "spec_name": fence_transfers.FenceOffloadingSpec.__name__,
+        "spec_module_path": fence_transfers.__name__,
+        "cpu_chunks": cpu_chunks,
+        "offload_prompt_only": False,
+        "request_level": request_level,
+    }
+    if blocks_per_chunk > 1:
+        extra["blocks_per_chunk"] = blocks_per_chunk
+    offloading = {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": extra,
+    }
+    remote = {
+        "kv_connector": fence_remote.RemoteKVSource.__name__,
+        "kv_connector_module_path": fence_remote.__name__,
+        "kv_role": "kv_both",
+    }
+    transfer = (
+        KVTransferConfig(
+            kv_connector="MultiConnector",
+            kv_role="kv_both",
+            kv_connector_extra_config={"connectors": [offloading, remote]},
+        )
+        if remote_source
+        else KVTransferConfig(**offloading)  # type: ignore[arg-type]
+    )
+    config = VllmConfig(
+        model_config=model,
+        scheduler_config=scheduler,
+        cache_config=cache,
+        device_config=DeviceConfig("cpu"),
+        kv_transfer_config=transfer,
+    )
+    config.parallel_config.world_size = workers
+    return config

@@ -1,0 +1,115 @@
+"""What the engine recorded: every transfer job the connector built, where each job's
+blocks are, and what each step did (:class:`StepRecord`), with the queries tests ask
+of them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import TransferJob
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.kv_offload.base import GPULoadStoreSpec, LoadStoreSpec
+
+if TYPE_CHECKING:
+    from fence_transfers import Transfer
+    from vllm.v1.request import Request
+
+
+@dataclass
+class StepRecord:
+    """What one engine step did, for expectations and for the oracle."""
+
+    step: int
+    output: SchedulerOutput
+    store_jobs: dict[int, TransferJob]
+    load_jobs: dict[int, TransferJob]
+    jobs_to_flush: set[int]
+    # GPU block id -> the (request, group, block index) places it was handed to this step
+    allocated: dict[int, set[tuple[str, int, int]]]
+    fence_before: dict[int, frozenset[int]]  # the fence as schedule() found it
+    jobs_before: dict[str, frozenset[int]]  # each tracked request's jobs, likewise
+    tables: dict[tuple[str, int, int], int]  # (request, group, index) -> block, after it
+
+
+class JobLedger:
+    """The jobs of every step's connector metadata, kept after the connector forgets them."""
+
+    def __init__(self, blocks_per_chunk: int) -> None:
+        self.blocks_per_chunk = blocks_per_chunk
+        self.store_jobs: dict[int, TransferJob] = {}
+        self.load_jobs: dict[int, TransferJob] = {}
+        # job id -> (group, block index in the request, GPU block id), per source block
+        self.job_places: dict[int, list[tuple[int, int, int]]] = {}
+        self.stores_after_preemption: set[int] = set()  # built with no computed KV left
+        self.history: list[StepRecord] = []
+
+    def add(
+        self, record: StepRecord, requests: Mapping[str, Request], req_status: Mapping[str, Any]
+    ) -> None:
+        """A step's record and its jobs. A store's blocks are found in its request's
+        block lists as the connector has them now (``req_status``), when it built it."""
+        self.store_jobs.update(record.store_jobs)
+        self.load_jobs.update(record.load_jobs)
+        for job_id, job in record.store_jobs.items():
+            request = requests[job.req_id]
+            if (
+                request.is_finished()
+                and request.num_preemptions
+                and not request.num_computed_tokens
+            ):
+                self.stores_after_preemption.add(job_id)
+            status = req_status[job.req_id]
+            lists = [g.block_ids for g in status.group_states]
+            self.job_places[job_id] = spec_places(job.src_spec, lists)
+        for job_id, job in record.load_jobs.items():
+            self.job_places[job_id] = spec_places(job.dst_spec)
+        self.history.append(record)
+
+    def places(self, transfer: Transfer) -> Iterable[tuple[int, int, int, tuple[int, int]]]:
+        """(group, block index in the request, GPU block id, CPU address) per block: the
+        CPU spec lists one chunk per offload key, in the order of the blocks."""
+        bpc = self.blocks_per_chunk
+        chunk_ids = [int(c) for c in transfer.cpu.block_ids]
+        ordinal, last = -1, None
+        for group, index, block_id in self.job_places[transfer.job_id]:
+            if (group, index // bpc) != last:
+                ordinal, last = ordinal + 1, (group, index // bpc)
+            yield group, index, block_id, (chunk_ids[ordinal], index % bpc)
+
+    def positions(self, transfers: Iterable[Transfer]) -> set[tuple[str, int, int]]:
+        """(request, group, block index) of every block the ``transfers`` moved."""
+        found: set[tuple[str, int, int]] = set()
+        for transfer in transfers:
+            jobs = self.store_jobs if transfer.is_store else self.load_jobs
+            req_id = jobs[transfer.job_id].req_id
+            for group, index, _, _ in self.places(transfer):
+                found.add((req_id, group, index))
+        return found
+
+
+def spec_places(
+    spec: LoadStoreSpec, lists: Sequence[Sequence[int]] | None = None
+) -> list[tuple[int, int, int]]:
+    """(group, block index in the request, GPU block id) of each block of a GPU spec.
+
+    ``block_indices`` gives the index of each group's first block. A store may skip
+    chunks in between (unreachable or null sliding-window chunks), so its later blocks
+    are found in ``lists``, the request's block ids per group as the connector had
+    them when it built the store; without ``lists`` the blocks are taken as contiguous.
+    """
+    assert isinstance(spec, GPULoadStoreSpec)
+    ids = [int(b) for b in spec.block_ids]
+    places: list[tuple[int, int, int]] = []
+    offset = 0
+    for group, (size, first) in enumerate(zip(spec.group_sizes, spec.block_indices, strict=True)):
+        index = first
+        for block in ids[offset : offset + size]:
+            if lists is not None:
+                while lists[group][index] != block:
+                    index += 1
+            places.append((group, index, block))
+            index += 1
+        offset += size
+    return places

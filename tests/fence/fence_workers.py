@@ -1,0 +1,191 @@
+"""The model runner's side of a fence engine: the worker-role connector, driven as a
+GPU model runner drives it, and the fake second rank of a two-worker engine.
+
+:class:`WorkerSide` builds the worker-role OffloadingConnector (or MultiConnector,
+with :class:`fence_remote.RemoteKVSource`), registers its KV caches, finds the
+:class:`fence_transfers.FakeTransferWorker` vLLM built for it, and executes a step:
+preemptions, loads, the forward pass, stores, transfer progress and the output.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import KeysView, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from fence_config import EngineConfig
+from fence_transfers import FakeTransferWorker, FenceOffloadingSpec
+from vllm.config import set_current_vllm_config
+from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorWorkerMetadata
+from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (
+    MultiConnector,
+    MultiKVConnectorWorkerMetadata,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
+    OffloadingWorkerMetadata,
+    TransferJob,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import (
+    OffloadingConnector,
+)
+from vllm.forward_context import ForwardContext
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.request import Request
+
+if TYPE_CHECKING:
+    from fence_contents import Contents
+
+
+class WorkerSide:
+    """The worker-role connector, its KV caches registered, and the fake worker it
+    found; ``requests`` and ``load_jobs`` are the engine's, read as the runner would."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        requests: Mapping[str, Request],
+        load_jobs: Mapping[int, TransferJob],
+        *,
+        remote_source: bool,
+        workers: int,
+        second_worker_lag: int,
+    ) -> None:
+        self.requests = requests
+        worker_cls = MultiConnector if remote_source else OffloadingConnector
+        self.connector = worker_cls(config.vllm, KVConnectorRole.WORKER, config.kv_cache)
+        caches = {
+            name: torch.zeros(
+                config.num_gpu_blocks, 2, g.kv_cache_spec.block_size, 1, 1, dtype=torch.float32
+            )
+            for g in config.kv_cache.kv_cache_groups
+            for name in g.layer_names
+        }
+        with set_current_vllm_config(config.vllm):
+            self.connector.register_kv_caches(caches)
+        offloading = (
+            self.connector.sub_connectors[0]
+            if isinstance(self.connector, MultiConnector)
+            else self.connector
+        )
+        assert isinstance(offloading, OffloadingConnector)
+        assert offloading.connector_worker is not None
+        spec = offloading.connector_worker.spec
+        assert isinstance(spec, FenceOffloadingSpec)
+        self.worker: FakeTransferWorker = spec.worker
+        self.second_rank = (
+            SecondRank(second_worker_lag, load_jobs, remote_source) if workers > 1 else None
+        )
+        self._ctx = ForwardContext(no_compile_layers={}, attn_metadata={}, slot_mapping={})
+
+    def reports_pending(self) -> bool:
+        """Whether the second rank has yet to report a job the first one has."""
+        return bool(self.second_rank and self.second_rank.echo)
+
+    def busy(self) -> bool:
+        """Transfers in flight, or reports still due."""
+        return bool(self.worker.in_flight or self.reports_pending())
+
+    def held_only(self, jobs: KeysView[int]) -> bool:
+        """Nothing can progress without the test: no report is due, every transfer in
+        flight is held, and every one of the connector's ``jobs`` is in flight."""
+        return (
+            not self.reports_pending()
+            and all(t.remaining is None for t in self.worker.in_flight.values())
+            and not (jobs - self.worker.in_flight.keys())
+        )
+
+    def execute(self, output: SchedulerOutput, step: int, contents: Contents) -> ModelRunnerOutput:
+        """One step, in the model runner's order."""
+        meta = output.kv_connector_metadata
+        assert meta is not None
+        self.connector.handle_preemptions(meta)
+        self.connector.bind_connector_metadata(meta)
+        self.connector.start_load_kv(self._ctx)
+        contents.forward(output, step)
+        self.connector.wait_for_save()
+        self.worker.tick()
+        finished_sending, finished_recving = self.connector.get_finished(output.finished_req_ids)
+        worker_meta = self.connector.build_connector_worker_meta()
+        self.connector.clear_connector_metadata()
+        if self.second_rank is not None:
+            worker_meta, finished_recving = self.second_rank.report(
+                worker_meta, finished_recving, step
+            )
+        kv_output = KVConnectorOutput(
+            finished_sending=finished_sending or None,
+            finished_recving=finished_recving or None,
+            kv_connector_worker_meta=worker_meta,
+        )
+        return self._runner_output(output, kv_output)
+
+    def _runner_output(
+        self, output: SchedulerOutput, kv_output: KVConnectorOutput
+    ) -> ModelRunnerOutput:
+        req_ids = list(output.num_scheduled_tokens)
+        sampled: list[list[int]] = []
+        for req_id in req_ids:
+            request = self.requests[req_id]
+            computed = request.num_computed_tokens
+            if computed < request.num_prompt_tokens:
+                sampled.append([])  # a chunk of the prompt: nothing sampled yet
+            else:
+                sampled.append([_token(req_id, computed)])
+        return ModelRunnerOutput(
+            req_ids=req_ids,
+            req_id_to_index={r: i for i, r in enumerate(req_ids)},
+            sampled_token_ids=sampled,
+            logprobs=None,
+            prompt_logprobs_dict={},
+            pooler_output=None,
+            kv_connector_output=kv_output,
+        )
+
+
+class SecondRank:
+    """A second worker rank: it reports each job ``lag`` steps after the first (it ran
+    the same transfer, a little slower). A request whose load finished counts as
+    loaded only once both ranks have said so, as vLLM's output aggregator does."""
+
+    def __init__(self, lag: int, load_jobs: Mapping[int, TransferJob], remote_source: bool):
+        self.lag = lag
+        self.load_jobs = load_jobs
+        self.remote_source = remote_source
+        self.echo: list[tuple[int, int]] = []  # (due step, job id), not yet reported
+        self.held_recving: dict[int, str] = {}  # load job -> request, until it reports
+
+    def report(
+        self, meta: KVConnectorWorkerMetadata | None, recving: set[str] | None, step: int
+    ) -> tuple[Any, set[str] | None]:
+        """Both ranks' worker metadata and finished loads, from the first rank's.
+        Under MultiConnector, the OffloadingConnector's part of the metadata is the
+        first."""
+        multi = meta if isinstance(meta, MultiKVConnectorWorkerMetadata) else None
+        own = multi.metadata[0] if multi is not None else meta
+        assert own is None or isinstance(own, OffloadingWorkerMetadata)
+        for job_id in own.completed_jobs if own else ():
+            self.echo.append((step + self.lag, job_id))
+        recving = set(recving or ())
+        for job_id, job in self.load_jobs.items():
+            if job.req_id in recving and any(j == job_id for _, j in self.echo):
+                recving.discard(job.req_id)
+                self.held_recving[job_id] = job.req_id
+        due = [job for when, job in self.echo if when <= step]
+        self.echo = [(when, job) for when, job in self.echo if when > step]
+        recving.update(self.held_recving.pop(job) for job in due if job in self.held_recving)
+        if due:
+            echo = OffloadingWorkerMetadata(completed_jobs=dict.fromkeys(due, 1))
+            own = own.aggregate(echo) if own else echo
+        if not self.remote_source:
+            return own, recving or None
+        others = multi.metadata[1:] if multi is not None else (None,)
+        if own is None and not any(others):
+            return None, recving or None
+        return MultiKVConnectorWorkerMetadata(metadata=(own, *others)), recving or None
+
+
+def _token(req_id: str, position: int) -> int:
+    """A deterministic, request-specific token: outputs of different requests differ."""
+    return 1000 + zlib.crc32(f"{req_id}:{position}".encode()) % 20000  # not hash(): seeded
