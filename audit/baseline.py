@@ -10,141 +10,24 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-from audit.config import Config, SuitePath
-from audit.errors import BaselineFailed, ConfigError, NoTestsSelected
-from audit.hermetic import child_environment, prepare_hf_home
+from audit.config import Config
+from audit.errors import BaselineFailed, NoTestsSelected
 from audit.model import BaselineRun, Target
 from audit.protocol import (
-    PROJECT_PREFIX,
     BaselineDone,
     BaselineSpec,
-    Command,
     Outcomes,
     from_json,
     parse_event,
-    to_json,
     write_spec,
 )
-from audit.sources import TestSource
+from audit.session import WarmSession, pytest_args, spawn
+from audit.suite import Suite
 
 PYTEST_NO_TESTS_COLLECTED = 5
-
-
-@dataclass(frozen=True, slots=True)
-class Suite:
-    """The selected test paths, inside a staged suite root that pytest runs from."""
-
-    source: TestSource
-    root: Path  # the staged root: tests/ (vLLM's) and project/ (this repository)
-    paths: tuple[str, ...]  # relative to root; node ids keep any ::test part
-    selection: tuple[str, ...]  # the configured entries (and plugins), for messages
-    plugins: tuple[Path, ...] = ()  # pytest plugin files, inside root
-
-
-def stage_suite(
-    config: Config, source: TestSource, entries: tuple[SuitePath, ...], work: Path
-) -> Suite:
-    """Lay out one root holding vLLM's tests and this project's, then select paths.
-
-    ``tests/`` mirrors vLLM's tests folder by symlinks, all but its root
-    ``conftest.py`` (LLM runners, media assets: heavy, and not needed by the fence
-    suite); ``project`` links to this repository. Test ids are then stable and
-    short (``tests/v1/...::test_x``, ``project/tests/fence/...``), and vLLM's own
-    ``vllm/`` folder, in a checkout, never lands on ``sys.path``.
-    """
-    root = work / "suite"
-    if root.exists():
-        shutil.rmtree(root)
-    (root / "tests").mkdir(parents=True)
-    for child in (source.root / "tests").iterdir():
-        if child.name not in ("conftest.py", "__pycache__"):
-            (root / "tests" / child.name).symlink_to(child)
-    (root / "project").symlink_to(config.project_dir)
-
-    paths: list[str] = []
-    for entry in entries:
-        prefix = "" if entry.root == "vllm" else PROJECT_PREFIX
-        file_part, sep, test_part = entry.path.partition("::")  # a node id selects one test
-        if (root / prefix / file_part).exists():
-            paths.append(f"{prefix}{file_part}{sep}{test_part}")
-        elif not entry.optional:
-            base = source.root if entry.root == "vllm" else config.project_dir
-            raise ConfigError(
-                f"suite path {entry} does not exist",
-                details={
-                    "looked in": str(base / file_part),
-                    "vLLM tests": source.origin,
-                    "next": "fix [tool.fence-audit.suite] paths or --suite",
-                },
-            )
-    plugins = tuple(_stage_plugin(root, config, source, entry) for entry in config.plugins)
-    selection = (*(str(e) for e in entries), *(f"plugin {e}" for e in config.plugins))
-    return Suite(source, root, tuple(paths), selection, plugins)
-
-
-def _stage_plugin(root: Path, config: Config, source: TestSource, entry: SuitePath) -> Path:
-    path = root / ("" if entry.root == "vllm" else "project") / entry.path
-    if path.suffix != ".py" or not path.is_file():
-        base = source.root if entry.root == "vllm" else config.project_dir
-        raise ConfigError(
-            f"pytest plugin {entry} is not a Python file",
-            details={
-                "looked in": str(base / entry.path),
-                "next": "fix [tool.fence-audit.suite] plugins or --plugin (one .py file each)",
-            },
-        )
-    return path
-
-
-class WarmSession:
-    """The test process after its baseline: warm, waiting for mutants or for exit.
-
-    It has imported vLLM, collected the suite and run every test once; judging
-    mutants in it saves a second process the import, the collection and the
-    warm-up. Close it when done (or let :func:`run_baseline` do so).
-    """
-
-    def __init__(self, process: subprocess.Popen[str], commands: int, log: Path) -> None:
-        self.process = process
-        self._commands = commands
-        self.log = log
-        self.open = True
-
-    def lines(self) -> Iterator[str]:
-        """The process's output, line by line, until it exits."""
-        assert self.process.stdout is not None
-        # Not ``yield from``: closing this generator early would close the pipe too.
-        for line in self.process.stdout:  # noqa: UP028
-            yield line
-
-    def send(self, command: Command) -> None:
-        self.open = False
-        try:
-            with os.fdopen(self._commands, "w") as channel:
-                channel.write(json.dumps(to_json(command)) + "\n")
-        except BrokenPipeError:  # the process is gone already; close() collects it
-            pass
-
-    def close(self) -> None:
-        """End the process and collect it. Unused, it is only waiting for a command:
-        its outcomes and coverage data are saved, so it is killed rather than left to
-        spend seconds on pytest's teardown."""
-        if self.open:
-            self.open = False
-            self.process.kill()
-            os.close(self._commands)
-        with self.log.open("a") as out:
-            for line in self.lines():
-                out.write(line)
-        self.process.wait()
 
 
 def start_baseline(
@@ -209,47 +92,6 @@ def run_baseline(config: Config, suite: Suite, target: Target, work: Path) -> Ba
     if session is not None:
         session.close()
     return run
-
-
-def spawn(
-    config: Config, suite: Suite, spec_file: Path, pass_fds: tuple[int, ...] = ()
-) -> subprocess.Popen[str]:
-    """Start a test process (``python -m audit.testproc SPEC``): hermetic, in the suite
-    root, its output (stderr included) on a text pipe."""
-    hf_home = prepare_hf_home(config.cache_dir, config.offline_models)
-    env = child_environment(os.environ, hf_home)
-    if suite.plugins:  # each plugin imports by its module name, and its neighbours too
-        folders = [str(p.parent) for p in suite.plugins]
-        env["PYTHONPATH"] = os.pathsep.join([*folders, *filter(None, [env.get("PYTHONPATH")])])
-    return subprocess.Popen(
-        [sys.executable, "-m", "audit.testproc", str(spec_file)],
-        cwd=suite.root,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        pass_fds=pass_fds,
-    )
-
-
-def pytest_args(suite: Suite, work: Path) -> list[str]:
-    """How the test processes (baseline and executor) invoke pytest on the suite."""
-    ini = work / "pytest.ini"
-    # An empty ini of our own: the suite is not configured by this project's pytest
-    # settings (--strict-markers would reject vLLM's unregistered marks).
-    ini.write_text("[pytest]\n")
-    return [
-        *suite.paths,
-        "-c",
-        str(ini),
-        f"--rootdir={suite.root}",
-        "-p",
-        "no:cacheprovider",
-        "-W",
-        "ignore::pytest.PytestUnknownMarkWarning",
-        "-q",
-        *(arg for plugin in suite.plugins for arg in ("-p", plugin.stem)),
-    ]
 
 
 def _check_outcomes(

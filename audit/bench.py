@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from audit import executor, mutmut_adapter
-from audit.baseline import WarmSession, pytest_args
 from audit.files import write_json
 from audit.hermetic import child_environment, prepare_hf_home
 from audit.jobs import ExecutorOptions
@@ -32,6 +31,7 @@ from audit.model import Mutant, MutantResult
 from audit.mutants import build_mutants
 from audit.pipeline import CoverageStage
 from audit.protocol import MutantStatus, PlainRunSpec, apply_edits, write_spec
+from audit.session import WarmSession, pytest_args
 
 BENCH_FORMAT = 1
 

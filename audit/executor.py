@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from audit.baseline import Suite, WarmSession, pytest_args, spawn
 from audit.config import Config
 from audit.errors import ExecutorFailed, ForcedFailCheckFailed
 from audit.jobs import ExecutorOptions, build_job, forced_failure
@@ -32,6 +31,8 @@ from audit.protocol import (
     parse_event,
     write_spec,
 )
+from audit.session import WarmSession, pytest_args, spawn
+from audit.suite import Suite
 from audit.verdict_cache import TestHasher, VerdictCache
 
 

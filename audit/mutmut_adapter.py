@@ -34,11 +34,11 @@ from mutmut.mutation.file_mutation import MutationVisitor, OuterFunctionProvider
 from mutmut.mutation.mutators import mutation_operators
 from mutmut.mutation.pragma_handling import IgnoredCode, PragmaVisitor
 
-from audit.baseline import Suite
 from audit.config import Config
 from audit.hermetic import child_environment, prepare_hf_home
 from audit.model import Mutant, MutantResult, Target
 from audit.protocol import LineEdit, MutantStatus, is_project_test
+from audit.suite import Suite
 
 
 @dataclass(frozen=True, slots=True)

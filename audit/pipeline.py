@@ -29,7 +29,7 @@ from audit import (
     results,
     sources,
 )
-from audit.baseline import Suite, WarmSession, stage_suite, start_baseline
+from audit.baseline import start_baseline
 from audit.catalogue import Entry
 from audit.config import Config, GateThresholds, SuitePath
 from audit.environment import Fingerprint
@@ -51,7 +51,9 @@ from audit.regions import Region, resolve_regions
 from audit.report_model import AuditResults, load_results
 from audit.reports import Written, write_reports
 from audit.results import Tally
+from audit.session import WarmSession
 from audit.sources import TestSource
+from audit.suite import Suite, stage_suite
 
 
 @dataclass(frozen=True, slots=True)

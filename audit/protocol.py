@@ -27,7 +27,7 @@ from typing import Any, ClassVar, TypeVar, Union
 
 # How a test process marks its events (JSON) in its stdout, among pytest's own output.
 PROGRESS = "@@fence-audit "
-PROJECT_PREFIX = "project/"  # test ids of this project's suite (see baseline.stage_suite)
+PROJECT_PREFIX = "project/"  # test ids of this project's suite (see audit.suite.stage_suite)
 
 T = TypeVar("T")
 

@@ -14,13 +14,14 @@ from pathlib import Path
 import pytest
 
 from audit import coverage_map
-from audit.baseline import run_baseline, stage_suite
+from audit.baseline import run_baseline
 from audit.config import RegionSpec, Selection, StatementSelector, SuitePath, load_config
 from audit.environment import sha256_file
 from audit.errors import BaselineFailed, ExitCode, NoTestsSelected
 from audit.model import Target
 from audit.regions import resolve_regions
 from audit.sources import TestSource
+from audit.suite import stage_suite
 
 TOY = Path(__file__).parent / "toy"
 REGIONS = (

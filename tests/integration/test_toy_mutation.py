@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from audit import coverage_map, executor
-from audit.baseline import stage_suite, start_baseline
+from audit.baseline import start_baseline
 from audit.config import Config, RegionSpec, Selection, StatementSelector, SuitePath, load_config
 from audit.environment import sha256_file
 from audit.errors import ExitCode, ForcedFailCheckFailed
@@ -20,6 +20,7 @@ from audit.mutants import build_mutants
 from audit.protocol import MutantStatus, Warmed, parse_event
 from audit.regions import resolve_regions
 from audit.sources import TestSource
+from audit.suite import stage_suite
 
 TOY = Path(__file__).parent / "toy"
 REGIONS = (

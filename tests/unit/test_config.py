@@ -132,8 +132,9 @@ def test_cache_dir_defaults_to_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
 
 
 def test_plugins_are_staged_loaded_by_name_and_must_be_python_files(tmp_path: Path) -> None:
-    from audit.baseline import pytest_args, stage_suite
+    from audit.session import pytest_args
     from audit.sources import TestSource
+    from audit.suite import stage_suite
 
     project = tmp_path / "project"
     (project / "tests" / "fence").mkdir(parents=True)
