@@ -398,6 +398,21 @@ class CatalogueMutants:
     entries: Mapping[str, Entry]  # by mutant id
 
 
+def outside_region(entry: Entry, applied: Applied, functions: tuple[str, ...]) -> Stale | None:
+    """Stale when an entry of the target changes a function its region does not hold:
+    its verdict would count in a region's score for code the region does not audit.
+
+    (An entry for another module, the worker's, names functions no region of the target
+    can list; those are judged by every test, see :func:`build_catalogue_mutants`.)"""
+    if entry.module or applied.function in functions:
+        return None
+    return Stale(
+        entry,
+        f"it changes {applied.function}, which is not in region {entry.region} "
+        f"({', '.join(functions)})",
+    )
+
+
 def build_catalogue_mutants(
     entries: Iterable[Entry],
     source: str,
@@ -417,6 +432,7 @@ def build_catalogue_mutants(
 
     tests_of = TestsOfLines(source, filename, lines_to_tests)
     names = {region.name for region in regions}
+    functions = {region.name: region.functions for region in regions}
     mutants: list[Mutant] = []
     stale: list[Stale] = []
     by_id: dict[str, Entry] = {}
@@ -436,6 +452,10 @@ def build_catalogue_mutants(
         applied = apply_entry(entry, text, name)
         if isinstance(applied, Stale):
             stale.append(applied)
+            continue
+        outside = outside_region(entry, applied, functions[entry.region])
+        if outside is not None:
+            stale.append(outside)
             continue
         mutated = apply_edits(text, applied.edits)
         covered = tests_of(applied.changed_lines) if module_path is None else list(everything)

@@ -71,14 +71,29 @@ def judge(
             continue
         cache.forget(key)
         jobs.append(build_job(mutant, key, source, durations, options))
-    if jobs:
-        spec = _mutation_spec(config, suite, target, source, jobs, cache.directory, options)
-        _run(config, suite, spec, warm)
-    elif warm is not None:
-        warm.close()
+    failures: dict[str, str] = {}  # judgings that ended without a verdict, and why
+    try:
+        if jobs:
+            spec = _mutation_spec(config, suite, target, source, jobs, cache.directory, options)
+            _run(config, suite, spec, warm, failures)
+        elif warm is not None:
+            warm.close()
+    except KeyboardInterrupt:
+        # The verdicts written so far are whole (temp file + rename): they are this
+        # run's results, incomplete, and the cache the next run resumes from.
+        judged = {job.id: cache.load(job.id, job.key) for job in jobs if cache.has(job.key)}
+        raise Interrupted({**verdicts, **judged}) from None
     for job in jobs:
-        verdicts[job.id] = cache.load(job.id, job.key)
+        verdicts[job.id] = cache.load(job.id, job.key, failure=failures.get(job.id, ""))
     return verdicts
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM) while judging; ``verdicts``: the mutants judged so far."""
+
+    def __init__(self, verdicts: dict[str, MutantResult]) -> None:
+        super().__init__("interrupted")
+        self.verdicts = verdicts
 
 
 def _mutation_spec(
@@ -108,7 +123,13 @@ def _mutation_spec(
     )
 
 
-def _run(config: Config, suite: Suite, spec: MutationSpec, warm: WarmSession | None) -> None:
+def _run(
+    config: Config,
+    suite: Suite,
+    spec: MutationSpec,
+    warm: WarmSession | None,
+    failures: dict[str, str],
+) -> None:
     """Hand ``spec`` to the warm process (or a new one) and follow its events to the end."""
     log = config.reports_dir / "logs" / "mutants.log"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -128,8 +149,10 @@ def _run(config: Config, suite: Suite, spec: MutationSpec, warm: WarmSession | N
             for line in process.stdout:
                 out.write(line)
                 event = parse_event(line)
-                if isinstance(event, Judged):
+                if isinstance(event, Judged) and event.id != spec.forced_fail.id:
                     progress.update(event.status)
+                    if event.failure:
+                        failures[event.id] = event.failure
                 elif isinstance(event, Warmed):
                     progress.start()
                 elif isinstance(event, ForcedFailChecked):

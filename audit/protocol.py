@@ -185,7 +185,11 @@ EXIT = Command("exit")
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """One mutant's verdict, as the judging process reached it (one file each)."""
+    """One mutant's verdict, as the judging process reached it (one file each).
+
+    Only a verdict is ever written: killed, survived, timeout, or an error the mutant
+    itself caused (it does not compile, its function cannot be swapped). A judging
+    that was interrupted, or whose process died without a verdict, leaves no file."""
 
     status: MutantStatus
     killed_by: str = ""  # test id
@@ -276,13 +280,16 @@ class ForcedFailChecked:
 
 @dataclass(frozen=True, slots=True)
 class Judged:
-    """One mutant's verdict is in its file."""
+    """One mutant is judged: its verdict is in its file; or, when the judging failed
+    for a reason that is not the mutant's (``status`` error, ``failure`` the reason),
+    there is no file, so that nothing but a verdict is ever cached."""
 
     kind: ClassVar[str] = "judged"
     id: str
     status: MutantStatus
     child_s: float | None = None  # inside the judging fork
     wall_s: float | None = None  # fork to reaped, as the pool saw it
+    failure: str = ""  # why there is no verdict file
 
 
 @dataclass(frozen=True, slots=True)

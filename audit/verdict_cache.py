@@ -17,9 +17,10 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from audit.model import Mutant, MutantResult
-from audit.protocol import MutantStatus, load_verdict
+from audit.protocol import MutantStatus, ProtocolError, load_verdict
 
 ENGINE_VERSION = 2  # bump when a verdict's meaning changes: old cache entries then miss
+DAMAGED = "the verdict file does not hold a verdict"
 
 
 class VerdictCache:
@@ -49,22 +50,36 @@ class VerdictCache:
     def path(self, key: str) -> Path:
         return self.directory / f"{key}.json"
 
+    def has(self, key: str) -> bool:
+        return self.path(key).is_file()
+
     def lookup(self, mutant_id: str, key: str) -> MutantResult | None:
-        """The cached verdict, or None (and no file left) when there is none."""
+        """The cached verdict, or None (and no file left) when there is none, or when
+        the file does not hold a verdict (damaged by hand or by a disk): judged again."""
         path = self.path(key)
         if path.is_file():
-            return self.load(mutant_id, key, cached=True)
+            result = self.load(mutant_id, key, cached=True)
+            if result.failure != DAMAGED:
+                return result
         path.unlink(missing_ok=True)
         return None
 
     def forget(self, key: str) -> None:
         self.path(key).unlink(missing_ok=True)
 
-    def load(self, mutant_id: str, key: str, *, cached: bool = False) -> MutantResult:
+    def load(
+        self, mutant_id: str, key: str, *, cached: bool = False, failure: str = ""
+    ) -> MutantResult:
+        """The verdict under ``key``; an error result (never cached) when there is none,
+        with ``failure`` saying why, or when the file does not hold one."""
         path = self.path(key)
         if not path.is_file():
-            return MutantResult(mutant_id, MutantStatus.ERROR, failure="no verdict was recorded")
-        verdict = load_verdict(path)
+            why = failure or "no verdict was recorded"
+            return MutantResult(mutant_id, MutantStatus.ERROR, failure=why)
+        try:
+            verdict = load_verdict(path)
+        except (OSError, ProtocolError):
+            return MutantResult(mutant_id, MutantStatus.ERROR, failure=DAMAGED)
         return MutantResult(
             id=mutant_id,
             status=verdict.status,

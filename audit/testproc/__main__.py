@@ -10,6 +10,7 @@ from audit.testproc import baseline, isolation, loop
 
 
 def main(argv: list[str]) -> int:
+    isolation.die_with_parent()
     spec = read_spec(Path(argv[0]))
     # Before anything imports vLLM: the overlay must win the import of the target.
     if spec.overlay:

@@ -19,9 +19,11 @@ import pytest
 from _pytest.runner import runtestprotocol
 
 from audit.protocol import Job, MutantStatus, MutationSpec, Verdict, apply_edits, save_verdict
+from audit.testproc import isolation
 from audit.testproc.codeswap import activate, function_text
 
 FAILURE_LINES = 15  # of the killing test's report, its last ones (native traceback)
+INTERRUPTED = 130  # a fork's exit status when it was interrupted: no verdict
 
 
 def judge_in_fork(spec: MutationSpec, source: str, items: dict[str, pytest.Item], job: Job) -> None:
@@ -34,6 +36,7 @@ def judge_in_fork(spec: MutationSpec, source: str, items: dict[str, pytest.Item]
     gc.freeze()
     code = 0
     started = time.monotonic()
+    isolation.die_with_parent()
     try:
         if job.module:  # another module than the target (the worker's)
             module, path, text = job.module, job.path, Path(job.path).read_text()
@@ -42,7 +45,11 @@ def judge_in_fork(spec: MutationSpec, source: str, items: dict[str, pytest.Item]
         alone = function_text(text, job.edits, job.frame) if job.frame else None
         activate(module, path, job.function, alone or apply_edits(text, job.edits))
         verdict = run_tests(items, job, spec.max_hangs)
-    except BaseException as error:  # the verdict must reach the parent
+    except (KeyboardInterrupt, SystemExit):
+        # Interrupted from outside (Ctrl-C reaches the whole process group): that is
+        # no verdict on the mutant, so none is written and nothing can be cached.
+        os._exit(INTERRUPTED)
+    except BaseException as error:  # the mutant broke its own switching-on
         verdict = Verdict(MutantStatus.ERROR, failure=f"{type(error).__name__}: {error}")
         code = 1
     verdict = Verdict(

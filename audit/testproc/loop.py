@@ -19,6 +19,7 @@ from audit.protocol import (
     MissingTests,
     MutantStatus,
     MutationSpec,
+    Verdict,
     Warmed,
     load_verdict,
 )
@@ -54,8 +55,11 @@ class MutantLoop:
         check = self.spec.forced_fail
         pool.run([check])
         path = pool.verdict_path(check)
-        verdict = load_verdict(path)
-        path.unlink()
+        if path.is_file():
+            verdict = load_verdict(path)
+            path.unlink()
+        else:
+            verdict = Verdict(MutantStatus.ERROR, failure="the check's fork left no verdict")
         emit(ForcedFailChecked(verdict))
         if verdict.status is not MutantStatus.KILLED:
             return

@@ -11,7 +11,7 @@ import os
 import signal
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,8 +54,15 @@ class ForkPool:
         self.kills: dict[str, Counter[str]] = defaultdict(Counter)
 
     def run(self, jobs: Iterable[Job]) -> None:
-        queue = iter(jobs)
         running: dict[int, _Running] = {}
+        try:
+            self._run(iter(jobs), running)
+        finally:  # interrupted: no fork outlives the pool (their verdicts are not written)
+            for pid in running:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+
+    def _run(self, queue: Iterator[Job], running: dict[int, _Running]) -> None:
         workers = max(1, self.spec.workers)
         exhausted = False
         while running or not exhausted:
@@ -95,18 +102,19 @@ class ForkPool:
         return self.results / f"{job.key}.json"
 
     def settled(self, job: Job, status: int, duration: float) -> None:
-        """A fork ended: read its verdict (or record why there is none), learn its killer."""
+        """A fork ended: read its verdict (or say why there is none), learn its killer."""
         path = self.verdict_path(job)
         if not path.is_file():
+            # Interrupted, or died in a way no test reports: not a verdict on the
+            # mutant, so nothing is written and the next run judges it again.
             reason = (
                 f"killed by signal {os.WTERMSIG(status)}"
                 if os.WIFSIGNALED(status)
                 else f"exit status {os.waitstatus_to_exitcode(status)}"
             )
             failure = f"the judging process ended without a verdict ({reason})"
-            save_verdict(
-                path, Verdict(MutantStatus.ERROR, failure=failure, duration_s=round(duration, 3))
-            )
+            emit(Judged(job.id, MutantStatus.ERROR, None, round(duration, 3), failure))
+            return
         verdict = load_verdict(path)
         if verdict.status is MutantStatus.KILLED:
             self.kills[job.function][verdict.killed_by] += 1

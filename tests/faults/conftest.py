@@ -7,5 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-# fence_helpers (run the CLI, a private cache holding vLLM's tests) is shared with tests/vllm.
+# fence_helpers (run the CLI, a private cache holding vLLM's tests) is shared with
+# tests/vllm, the toy target's harness with tests/integration.
 sys.path.insert(0, str(Path(__file__).parents[1] / "vllm"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "integration"))
