@@ -29,6 +29,7 @@ from audit.hermetic import child_environment, prepare_hf_home
 from audit.jobs import ExecutorOptions
 from audit.model import Mutant, MutantResult
 from audit.mutants import build_mutants
+from audit.outputs import claim
 from audit.pipeline import CoverageStage
 from audit.protocol import MutantStatus, PlainRunSpec, apply_edits, write_spec
 from audit.session import WarmSession, pytest_args
@@ -142,6 +143,7 @@ def write_bench(bench: Bench, path: Path) -> dict[str, Any]:
         ],
         "ratios": bench.ratios(),
     }
+    claim(path.parent, path.name)
     write_json(path, document)
     return document
 

@@ -17,7 +17,6 @@ import ast
 import functools
 import itertools
 import textwrap
-import tomllib
 import types
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Literal
 
 from audit.errors import ConfigError
+from audit.inputs import read_toml
 from audit.model import Mutant
 from audit.protocol import LineEdit, apply_edits
 from audit.regions import FunctionNode, Region, find_function, walk_statements
@@ -121,12 +121,7 @@ def load_catalogue(directory: Path) -> tuple[Entry, ...]:
 
 
 def load_entry(path: Path) -> Entry:
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(
-            "catalogue entry is not valid TOML", details={"file": str(path), "error": str(error)}
-        ) from None
+    data = read_toml(path, "catalogue entry")
     where = str(path)
     _keys(data, _ENTRY_KEYS, where)
     if data.get("format", CATALOGUE_FORMAT) != CATALOGUE_FORMAT:

@@ -4,168 +4,31 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 import traceback
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from audit import __version__, catalogue, environment, pipeline, sources
-from audit.config import Config, GateThresholds, load_config, parse_suite_path, percentage
+from audit import catalogue, environment, hermetic, pipeline, sources
+from audit.arguments import build_parser
+from audit.config import (
+    Config,
+    GateThresholds,
+    SuitePath,
+    load_config,
+    parse_suite_path,
+    percentage,
+)
 from audit.coverage_map import format_table
 from audit.errors import AuditError, ConfigError, ExitCode
 from audit.gate import GateResult
+from audit.inputs import check_cache_dir
 from audit.jobs import ExecutorOptions
 from audit.model import percent_text
 from audit.report_model import load_results
 from audit.reports import Written
 from audit.results import format_scores
-
-
-def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--config",
-        type=Path,
-        help="pyproject.toml holding [tool.fence-audit] (default: ./pyproject.toml if present)",
-    )
-    common.add_argument("--reports", type=Path, help="output folder (default: reports)")
-    common.add_argument("--cache-dir", type=Path, help="download cache (default: see README)")
-    common.add_argument(
-        "--vllm-src",
-        type=Path,
-        metavar="PATH",
-        help="a local vLLM checkout: its tests and its target module are audited",
-    )
-
-    parser = argparse.ArgumentParser(
-        prog="fence-audit",
-        description="Mutation-testing and coverage audit of vLLM's KV-offloading fence.",
-    )
-    parser.add_argument("--version", action="version", version=f"fence-audit {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    cov = commands.add_parser(
-        "coverage",
-        parents=[common],
-        help="run the fence suite under per-test coverage; print the region table",
-    )
-    cov.add_argument(
-        "--suite",
-        action="append",
-        default=[],
-        metavar="ROOT:PATH",
-        help="a test path (vllm:PATH or project:PATH); repeat to select several; "
-        "replaces the configured selection",
-    )
-    cov.add_argument(
-        "--plugin",
-        action="append",
-        default=[],
-        metavar="ROOT:PATH",
-        help="a pytest plugin file loaded into every test process; repeat for several; "
-        "replaces the configured plugins",
-    )
-    mutate = commands.add_parser(
-        "mutate",
-        parents=[common],
-        help="baseline, then judge every in-region mutant; write reports/audit.json",
-    )
-    mutate.add_argument(
-        "-j", "--jobs", type=int, default=os.cpu_count() or 1, help="workers (default: cores)"
-    )
-    mutate.add_argument(
-        "--no-cache", action="store_true", help="judge every mutant again, ignoring the cache"
-    )
-    mutate.add_argument(
-        "--suite", action="append", default=[], metavar="ROOT:PATH", help="as for coverage"
-    )
-    mutate.add_argument(
-        "--plugin", action="append", default=[], metavar="ROOT:PATH", help="as for coverage"
-    )
-    mutate.add_argument(
-        "--engine",
-        choices=("fork", "mutmut"),
-        default="fork",
-        help="fork: the warm executor (default); mutmut: mutmut's own runner, to cross-check",
-    )
-    mutate.add_argument(
-        "--region",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="judge only this region's mutants; repeat for several (default: all)",
-    )
-    add_gate_options(mutate)
-    mutate.add_argument(
-        "--compare", type=Path, metavar="OLD_AUDIT_JSON", help="show changes since this run"
-    )
-    report = commands.add_parser(
-        "report",
-        parents=[common],
-        help="render every report (index.html, regions/, summary.md, junit.xml, mutation.json) "
-        "from a saved audit.json",
-    )
-    report.add_argument("--results", type=Path, help="default: REPORTS/audit.json")
-    report.add_argument(
-        "--compare", type=Path, metavar="OLD_AUDIT_JSON", help="show changes since this run"
-    )
-    gate = commands.add_parser(
-        "gate",
-        parents=[common],
-        help="check a saved audit.json against the thresholds (exit 2 below, 3 timeouts only)",
-    )
-    gate.add_argument("--results", type=Path, help="default: REPORTS/audit.json")
-    add_gate_options(gate)
-    catalogue_cmd = commands.add_parser(
-        "catalogue",
-        parents=[common],
-        help="catalogue of hand-written mutants: `check` validates every entry, runs no test",
-    )
-    catalogue_cmd.add_argument("action", choices=("check",), help="check: apply, compile, compare")
-    bench = commands.add_parser(
-        "bench",
-        parents=[common],
-        help="time this executor against mutmut, fresh processes and the floor",
-    )
-    bench.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
-    bench.add_argument("--region", action="append", default=[], metavar="NAME")
-    bench.add_argument("--suite", action="append", default=[], metavar="ROOT:PATH")
-    bench.add_argument(
-        "--sample", type=int, default=5, help="mutants judged in fresh processes (default 5)"
-    )
-    commands.add_parser(
-        "regions", parents=[common], help="resolve the regions against the audited source"
-    )
-    commands.add_parser(
-        "fetch",
-        parents=[common],
-        help="fetch vLLM's tests for the installed version into the cache",
-    )
-    return parser
-
-
-def add_gate_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--fail-under",
-        type=float,
-        metavar="PERCENT",
-        help="minimum overall score (default: [tool.fence-audit.gate] fail-under)",
-    )
-    parser.add_argument(
-        "--fail-under-region",
-        action="append",
-        default=[],
-        metavar="NAME=PERCENT",
-        help="minimum score of one region; repeat for several",
-    )
-    parser.add_argument(
-        "--min-line-coverage",
-        type=float,
-        metavar="PERCENT",
-        help="minimum line coverage of every region by the baseline",
-    )
 
 
 def thresholds(config: Config, args: argparse.Namespace) -> GateThresholds:
@@ -202,7 +65,8 @@ def configure(args: argparse.Namespace) -> Config:
     if args.reports:
         config = dataclasses.replace(config, reports_dir=args.reports.resolve())
     if args.cache_dir:
-        config = dataclasses.replace(config, cache_dir=args.cache_dir.resolve())
+        cache = args.cache_dir.resolve()
+        config = dataclasses.replace(config, cache_dir=cache, cache_dir_from="--cache-dir")
     if getattr(args, "plugin", None):
         plugins = tuple(parse_suite_path(p) for p in args.plugin)
         config = dataclasses.replace(config, plugins=plugins)
@@ -215,10 +79,12 @@ def run(args: argparse.Namespace) -> ExitCode:
         return from_results(config, args)
     if args.command == "catalogue":
         return check_catalogue(config, args.vllm_src)
-    # Every input is checked before the run: a bad one must not cost a baseline.
+    # Every input is checked before the run: a bad one must not cost a download or a baseline.
     gate = thresholds(config, args) if args.command == "mutate" else None
+    entries = check_inputs(config, args, gate)
     previous = load_results(args.compare) if getattr(args, "compare", None) else None
-    prepared = pipeline.prepare(config, vllm_src=args.vllm_src)
+    writes = args.command not in ("fetch", "regions")  # these write nothing to the reports
+    prepared = pipeline.prepare(config, vllm_src=args.vllm_src, writes_reports=writes)
     print(f"fence-audit: vLLM {prepared.vllm.version}; tests from {prepared.source.origin}")
     print(f"fence-audit: target {prepared.target.module} ({prepared.target.path})")
     if args.command == "fetch":
@@ -230,7 +96,6 @@ def run(args: argparse.Namespace) -> ExitCode:
             print(f"{region.name:<16} {len(region.lines):>4} lines  {spans}")
         return ExitCode.OK
 
-    entries = tuple(parse_suite_path(s) for s in args.suite)
     stage = pipeline.coverage(prepared, entries)
     reports = config.reports_dir
     if args.command == "coverage":
@@ -268,6 +133,36 @@ def run(args: argparse.Namespace) -> ExitCode:
     print()
     print(format_table(stage.regions))
     return ExitCode.OK
+
+
+def check_inputs(
+    config: Config, args: argparse.Namespace, gate: GateThresholds | None
+) -> tuple[SuitePath, ...]:
+    """What a run reads beyond the configuration, checked before it starts: region
+    names (``--region``, the gate's), the cache folder, the offline models; returns
+    the ``--suite`` selection, parsed."""
+    configured = [region.name for region in config.regions]
+    named = [("--region", name) for name in getattr(args, "region", [])]
+    if gate is not None:
+        given = {text.partition("=")[0] for text in args.fail_under_region}
+        named += [
+            ("--fail-under-region" if name in given else "[tool.fence-audit.gate] regions", name)
+            for name, _ in gate.regions
+        ]
+    for option, name in named:
+        if name not in configured:
+            raise ConfigError(
+                f"{option} names region {name!r}, which is not configured",
+                details={
+                    "regions": ", ".join(configured),
+                    "config": config.source,
+                    "next": "use one of the regions above (fence-audit regions lists them)",
+                },
+            )
+    entries = tuple(parse_suite_path(s) for s in getattr(args, "suite", []))
+    check_cache_dir(config.cache_dir, config.cache_dir_from)
+    hermetic.check_offline_models(config.offline_models)
+    return entries
 
 
 def check_catalogue(config: Config, vllm_src: Path | None) -> ExitCode:
@@ -370,9 +265,9 @@ def report_mutation(stage: pipeline.MutationStage) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
-        return int(run(args))
+        # A usage error is a ConfigError too (exit 1): exit 2 means the gate failed.
+        return int(run(build_parser().parse_args(argv)))
     except AuditError as error:
         print(error.render(), file=sys.stderr)
         return int(error.exit_code)

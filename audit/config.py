@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import os
 import tomllib
+import urllib.parse
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
 from audit.errors import ConfigError
+from audit.inputs import read_toml
 
 DEFAULT_CACHE_ENV = "FENCE_AUDIT_CACHE"
 INDEX_URL_ENV = "FENCE_AUDIT_INDEX_URL"
@@ -86,6 +88,7 @@ class Config:
     catalogue_dir: Path | None = None  # hand-written mutants, one TOML file each
     equivalents_file: Path | None = None  # reviewed equivalent mutants, with reasons
     plugins: tuple[SuitePath, ...] = ()  # pytest plugin files loaded into every test run
+    cache_dir_from: str = "the default"  # who chose cache_dir, for error messages
 
     def region(self, name: str) -> RegionSpec:
         for region in self.regions:
@@ -120,35 +123,54 @@ def default_table() -> dict[str, Any]:
 
 def default_cache_dir() -> Path:
     """``$FENCE_AUDIT_CACHE``, else ``$XDG_CACHE_HOME/fence-audit``, else ``~/.cache/...``."""
+    return _default_cache_dir()[0]
+
+
+def _default_cache_dir() -> tuple[Path, str]:
+    """The default cache folder, and which variable chose it."""
     if env := os.environ.get(DEFAULT_CACHE_ENV):
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg else Path.home() / ".cache"
-    return base / "fence-audit"
+        return Path(env), f"${DEFAULT_CACHE_ENV}"
+    if xdg := os.environ.get("XDG_CACHE_HOME"):
+        return Path(xdg) / "fence-audit", "$XDG_CACHE_HOME"
+    return Path.home() / ".cache" / "fence-audit", "the default, ~/.cache/fence-audit"
 
 
 def load_config(pyproject: Path | None = None, *, project_dir: Path | None = None) -> Config:
     """Read ``[tool.fence-audit]`` from ``pyproject`` (if any) over the defaults."""
     table = default_table()
     source = "built-in defaults"
+    user: dict[str, Any] = {}
     if pyproject is not None:
         source = str(pyproject)
-        try:
-            data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(
-                "configuration file not found",
-                details={"file": str(pyproject), "next": "pass --config PATH to a pyproject.toml"},
-            ) from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(
-                "configuration file is not valid TOML",
-                details={"file": str(pyproject), "error": str(exc)},
-            ) from None
-        user = data.get("tool", {}).get("fence-audit", {})
+        data = read_toml(pyproject, "configuration file")
+        tool = _expect(data.get("tool", {}), dict, "[tool]", source)
+        user = _expect(tool.get("fence-audit", {}), dict, "[tool.fence-audit]", source)
         table = merge_tables(table, user, source)
         project_dir = project_dir or pyproject.parent
-    return parse_config(table, source=source, project_dir=project_dir or Path.cwd())
+    config = parse_config(table, source=source, project_dir=project_dir or Path.cwd())
+    _check_configured_paths(config, user)
+    return config
+
+
+def _check_configured_paths(config: Config, user: dict[str, Any]) -> None:
+    """A path the project configures must exist; only a built-in default may be absent
+    (a project without a catalogue or equivalents need not say so)."""
+    for key, path, kind in (
+        ("catalogue", config.catalogue_dir, "folder"),
+        ("equivalents", config.equivalents_file, "file"),
+    ):
+        if key not in user or path is None:
+            continue
+        found = path.is_dir() if kind == "folder" else path.is_file()
+        if not found:
+            state = "is not a " + kind if path.exists() else "does not exist"
+            raise ConfigError(
+                f"the {key} {kind} {path} {state}",
+                details={
+                    "config": f"{config.source}: {key} = {user[key]!r}",
+                    "next": f"fix the path, or remove the key if the project has no {key}",
+                },
+            )
 
 
 def merge_tables(base: dict[str, Any], user: dict[str, Any], source: str) -> dict[str, Any]:
@@ -173,14 +195,22 @@ def parse_config(table: dict[str, Any], *, source: str, project_dir: Path) -> Co
 
     reports = Path(_string(table, "reports", source))
     cache = table.get("cache-dir")
+    if cache:
+        cache_dir, cache_from = (
+            Path(_expect(cache, str, "cache-dir", source)),
+            f"cache-dir in {source}",
+        )
+    else:
+        cache_dir, cache_from = _default_cache_dir()
     return Config(
         source=source,
         project_dir=project_dir,
         vllm_version=os.environ.get(VLLM_VERSION_ENV) or _string(table, "vllm-version", source),
         target=_string(table, "target", source),
         reports_dir=reports if reports.is_absolute() else project_dir / reports,
-        cache_dir=Path(_expect(cache, str, "cache-dir", source)) if cache else default_cache_dir(),
-        index_url=os.environ.get(INDEX_URL_ENV) or _string(table, "index-url", source),
+        cache_dir=cache_dir,
+        cache_dir_from=cache_from,
+        index_url=_index_url(table, source),
         suite=tuple(parse_suite_path(p, source) for p in _strings(suite_table, "paths", source)),
         offline_models=_strings(suite_table, "offline-models", source),
         plugins=tuple(
@@ -191,6 +221,24 @@ def parse_config(table: dict[str, Any], *, source: str, project_dir: Path) -> Co
         catalogue_dir=_path(table.get("catalogue"), "catalogue", source, project_dir),
         equivalents_file=_path(table.get("equivalents"), "equivalents", source, project_dir),
     )
+
+
+def _index_url(table: dict[str, Any], source: str) -> str:
+    """``$FENCE_AUDIT_INDEX_URL``, else ``index-url``: an http(s) URL, checked here so a
+    typo is a usage error before anything runs, not a failed download."""
+    url, origin = os.environ.get(INDEX_URL_ENV, ""), f"${INDEX_URL_ENV}"
+    if not url:
+        url, origin = _string(table, "index-url", source), f"index-url in {source}"
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(
+            f"the package index URL {url!r} is not an http(s) URL",
+            details={
+                "set by": origin,
+                "next": "give the URL of a PEP 691 simple index, such as https://pypi.org/simple",
+            },
+        )
+    return url
 
 
 def _path(value: Any, key: str, source: str, project_dir: Path) -> Path | None:

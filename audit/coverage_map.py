@@ -15,7 +15,7 @@ from pathlib import Path
 import coverage
 from coverage.parser import PythonParser
 
-from audit.files import replaced_dir, write_json
+from audit.files import write_json
 from audit.model import (
     COVERAGE_MAP_FORMAT,
     REGIONS_FORMAT,
@@ -25,6 +25,7 @@ from audit.model import (
     RegionCoverage,
     fraction_text,
 )
+from audit.outputs import claim, replaced_folder
 from audit.regions import Region
 
 
@@ -122,6 +123,7 @@ def line_coverage(run: BaselineRun) -> dict[int, str]:
 def write_coverage_map(cmap: CoverageMap, path: Path) -> None:
     test_ids = sorted({t for tests in cmap.lines.values() for t in tests} | set(cmap.durations))
     index = {test_id: i for i, test_id in enumerate(test_ids)}
+    claim(path.parent, path.name)
     write_json(
         path,
         {
@@ -143,6 +145,7 @@ def write_coverage_map(cmap: CoverageMap, path: Path) -> None:
 
 
 def write_regions(regions: tuple[RegionCoverage, ...], run: BaselineRun, path: Path) -> None:
+    claim(path.parent, path.name)
     write_json(
         path,
         {
@@ -165,8 +168,9 @@ def write_regions(regions: tuple[RegionCoverage, ...], run: BaselineRun, path: P
 
 
 def write_html(run: BaselineRun, directory: Path) -> None:
-    """coverage.py's HTML for the target file, contexts shown; replaced atomically."""
-    with replaced_dir(directory) as staging:
+    """coverage.py's HTML for the target file, contexts shown, in ``directory`` (a folder
+    of the reports folder); replaced atomically, and only what fence-audit wrote."""
+    with replaced_folder(directory.parent, directory.name) as staging:
         cov = coverage.Coverage(data_file=str(run.data_file), branch=True, config_file=False)
         cov.load()
         cov.html_report(

@@ -9,15 +9,16 @@ killed and the reports flag the record.
 
 from __future__ import annotations
 
-import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from audit.errors import ConfigError
+from audit.inputs import read_toml
 from audit.model import Mutant, MutantResult
 from audit.protocol import MutantStatus
+from audit.regions import Region
 
 _KEYS = {"id", "function_sha256", "reason", "reviewed"}
 
@@ -33,13 +34,7 @@ class Equivalent:
 def load_equivalents(path: Path | None) -> tuple[Equivalent, ...]:
     if path is None or not path.is_file():
         return ()
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(
-            "the equivalents file is not valid TOML",
-            details={"file": str(path), "error": str(error)},
-        ) from None
+    data = read_toml(path, "the equivalents file")
     records = data.get("equivalent", [])
     if not isinstance(records, list) or set(data) - {"equivalent"}:
         raise ConfigError(
@@ -66,17 +61,30 @@ def apply_equivalents(
     verdicts: Mapping[str, MutantResult],
     function_hashes: Mapping[str, str],
     equivalents: Sequence[Equivalent],
+    *,
+    left_out: Iterable[Region] = (),
 ) -> tuple[dict[str, MutantResult], list[dict[str, Any]]]:
     """Survivors with a current verdict become EQUIVALENT, and so do mutants that no
     test reaches (a verdict can say why none can: dead code). Every record gets a
     state: ``applied``, ``expired`` (the function changed), ``killed`` (a test kills
     it: the verdict is wrong), ``not survived`` (another status: timeout, error) or
-    ``absent`` (not in the run)."""
+    ``absent`` (not in the run).
+
+    ``left_out``: the configured regions this run did not judge (``--region``). A
+    record whose mutant is not in the run, but may lie in one of them (its function
+    is one of theirs; a catalogue entry's region is not known here), is left out of
+    the records, as is one whose mutant has no verdict (an interrupted run): this run
+    says nothing about it, and only a run that judged it can flag it ``absent``."""
     by_id = {m.id: m for m in mutants}
+    skipped = {function for region in left_out for function in region.functions}
     updated = dict(verdicts)
     records = []
     for equivalent in equivalents:
         mutant = by_id.get(equivalent.id)
+        if mutant is None and _may_lie_in(equivalent.id, skipped):
+            continue
+        if mutant is not None and mutant.id not in verdicts:
+            continue
         state = "absent"
         if mutant is not None:
             key = f"{mutant.module}:{mutant.function}" if mutant.module else mutant.function
@@ -99,3 +107,11 @@ def apply_equivalents(
             }
         )
     return updated, records
+
+
+def _may_lie_in(mutant_id: str, functions: set[str]) -> bool:
+    """Whether the mutant named ``mutant_id`` may belong to a region of ``functions``."""
+    function = mutant_id.partition(":")[0]
+    if function == "catalogue":  # ``catalogue:ENTRY``: the entry's region is not known here
+        return bool(functions)
+    return function in functions

@@ -26,7 +26,9 @@ class ExitCode(IntEnum):
     TARGET_MODIFIED = 10  # the installed vLLM file changed during the run
     FORCED_FAIL_CHECK = 11  # a mutant that raises at once was not killed: mutants are inert
     CATALOGUE_STALE = 12  # `catalogue check`: an entry no longer applies to the source
+    INCOMPLETE = 13  # the gate: the results are of an interrupted run
     INTERNAL = 70  # a bug in fence-audit
+    INTERRUPTED = 130  # Ctrl-C or SIGTERM: the results so far are written, marked incomplete
 
 
 class AuditError(Exception):
@@ -82,7 +84,19 @@ class ForcedFailCheckFailed(AuditError):
     exit_code = ExitCode.FORCED_FAIL_CHECK
 
 
+class ResultsIncomplete(AuditError):
+    """The gate was given the results of an interrupted run: it cannot pass on them."""
+
+    exit_code = ExitCode.INCOMPLETE
+
+
 class ExecutorFailed(AuditError):
     """The test process could not judge the mutants (it died, or lost tests)."""
 
     exit_code = ExitCode.INTERNAL
+
+
+class RunInterrupted(AuditError):
+    """Ctrl-C (or SIGTERM) during a run; the verdicts so far are kept."""
+
+    exit_code = ExitCode.INTERRUPTED

@@ -7,7 +7,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +40,12 @@ def write_text(path: Path, text: str) -> None:
 
 
 @contextlib.contextmanager
-def replaced_dir(target: Path) -> Iterator[Path]:
-    """Yield an empty staging folder beside ``target``; on success it becomes ``target``.
+def replaced_dir(target: Path, *, clear: Callable[[Path], None] = shutil.rmtree) -> Iterator[Path]:
+    """Yield an empty staging folder beside ``target``; on success ``clear`` removes the
+    old ``target`` (whole, by default) and the staging folder becomes ``target``.
 
-    Whatever fails inside leaves ``target`` as it was and the staging folder gone.
+    Whatever fails before ``clear`` leaves ``target`` as it was; the staging folder is
+    gone either way.
     """
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.part-"))
@@ -51,7 +53,7 @@ def replaced_dir(target: Path) -> Iterator[Path]:
     try:
         yield staging
         if target.exists():
-            shutil.rmtree(target)
+            clear(target)
         staging.replace(target)
     finally:
         if staging.exists():

@@ -5,7 +5,7 @@ Each check compares a percentage with its threshold the way coverage.py's
 decimals before it is compared, and 100 means exactly 100. A run fails with
 ``SCORE_BELOW_THRESHOLD`` (2); when every failing check would pass if the timeouts
 had been killed, with ``TIMEOUTS_ONLY`` (3), so CI can tell a slow mutant from a
-weak test.
+weak test. The results of an interrupted run fail with ``INCOMPLETE`` (13).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from audit.config import GateThresholds
-from audit.errors import ConfigError, ExitCode
+from audit.errors import ConfigError, ExitCode, ResultsIncomplete
 from audit.model import Fraction, percent_text
 from audit.report_model import AuditResults
 from audit.results import Tally
@@ -65,7 +65,19 @@ def evaluate(
     results: AuditResults, thresholds: GateThresholds, regions: Iterable[str] = ()
 ) -> GateResult:
     """Check ``results``; ``regions`` are the configured region names (a threshold
-    naming none of them, nor a region of the results, is a typo: a ConfigError)."""
+    naming none of them, nor a region of the results, is a typo: a ConfigError).
+    Results of an interrupted run never pass (ResultsIncomplete, exit 13): the mutants
+    not yet judged are not in them, so their scores say nothing about the suite."""
+    if results.incomplete is not None:
+        judged, total = results.incomplete
+        raise ResultsIncomplete(
+            f"the results are incomplete: the run was interrupted after {judged} of "
+            f"{total} mutants; the gate cannot pass on them",
+            details={
+                "results": str(results.path),
+                "next": "run `fence-audit mutate` again to resume, then the gate",
+            },
+        )
     present = {region.name for region in results.regions}
     configured = set(regions)
     known = present | configured

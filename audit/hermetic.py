@@ -82,6 +82,12 @@ def child_environment(base: Mapping[str, str], hf_home: Path) -> dict[str, str]:
     return env
 
 
+def check_offline_models(models: tuple[str, ...]) -> None:
+    """Every model has its offline config.json: checked before anything runs."""
+    for model in models:
+        _model_config(model)
+
+
 def _model_config(model: str) -> dict[str, Any]:
     name = f"data/hf/{model.replace('/', '--')}.json"
     resource = resources.files("audit").joinpath(name)

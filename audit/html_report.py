@@ -83,6 +83,7 @@ def render_index(results: AuditResults) -> str:
     parts = [
         _head(f"fence-audit: {percent_text(overall.score)} — vLLM {results.vllm_version}"),
         "<h1>fence-audit report</h1>",
+        *_incomplete(results),
         _meta(results),
         '<section id="summary"><h2>Score</h2>',
         f'<p id="score">{percent_text(overall.score)}</p>',
@@ -123,6 +124,16 @@ def render_index(results: AuditResults) -> str:
         _footer(results),
     ]
     return "\n".join(parts)
+
+
+def _incomplete(results: AuditResults) -> list[str]:
+    """The banner of an interrupted run's results (none for a complete run)."""
+    if not results.interrupted:
+        return []
+    return [
+        f'<p id="incomplete" class="flag">Incomplete: {results.interrupted}; run '
+        "<code>fence-audit mutate</code> again to resume.</p>"
+    ]
 
 
 def render_region(results: AuditResults, region: RegionResult) -> str:

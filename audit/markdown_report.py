@@ -18,8 +18,15 @@ def render_summary(results: AuditResults, previous: AuditResults | None = None) 
     overall = results.overall
     lines = [
         f"## fence-audit: {percent_text(overall.score)} of fence mutants killed "
-        f"(vLLM {results.vllm_version})",
+        f"(vLLM {_cell(results.vllm_version)})",
         "",
+    ]
+    if results.interrupted:
+        lines += [
+            f"> **Incomplete**: {results.interrupted}; run `fence-audit mutate` again to resume.",
+            "",
+        ]
+    lines += [
         f"{overall.killed} killed of {overall.judged} judged (killed + survived + timeout); "
         f"{overall.no_tests} with no covering test and {overall.error} errors counted apart. "
         f"Suites: {', '.join(f'`{p}`' for p in results.suite_paths) or 'none'}.",
@@ -39,7 +46,7 @@ def render_summary(results: AuditResults, previous: AuditResults | None = None) 
     if results.equivalents:
         lines += [f"### Equivalent mutants ({len(results.equivalents)})", ""]
         lines += [
-            f"- `{e.id}`: {e.state}. {_cell(e.reason)}"
+            f"- `{e.id}`: {_cell(e.state)}. {_cell(e.reason)}"
             + ("" if e.state == "applied" else " **(flagged: the verdict no longer holds)**")
             for e in results.equivalents
         ]
@@ -47,7 +54,7 @@ def render_summary(results: AuditResults, previous: AuditResults | None = None) 
     stale = results.stale()
     if stale:
         lines += [f"### Stale catalogue entries ({len(stale)})", ""]
-        lines += [f"- `{c.id}` ({c.file}): {_cell(c.reason)}" for c in stale]
+        lines += [f"- `{c.id}` ({_cell(c.file)}): {_cell(c.reason)}" for c in stale]
         lines.append("")
     flagged = [m for m in results.mutants if m.verdict and m.verdict != "as expected"]
     if flagged:
@@ -75,7 +82,8 @@ def _score_table(results: AuditResults, previous: AuditResults | None) -> str:
     entries = [(r.name, r.tally, r.lines, r.branches, r.vllm_score) for r in results.regions]
     for name, tally, lines, branches, alone in entries:
         row = (
-            f"| {name} | {percent_text(tally.score)} | {percent_text(alone)} | {tally.killed} "
+            f"| {_cell(name)} | {percent_text(tally.score)} | {percent_text(alone)} "
+            f"| {tally.killed} "
             f"| {tally.survived} | {tally.timeout} "
             f"| {tally.no_tests} | {tally.error} | {lines.covered}/{lines.total} "
             f"| {branches.covered}/{branches.total} |"
@@ -134,7 +142,7 @@ def _survivor(mutant: MutantRecord) -> list[str]:
     label = f" {mutant.title}" if mutant.title else f" ({mutant.operator})"
     return [
         "<details>",
-        f"<summary><code>{_html(mutant.id)}</code>{_html(label)}: {mutant.region}, "
+        f"<summary><code>{_html(mutant.id)}</code>{_html(label)}: {_html(mutant.region)}, "
         f"line {mutant.line}, {len(mutant.covered_by)} covering tests</summary>",
         "",
         f"{fence}diff",

@@ -26,6 +26,7 @@ from audit import (
     environment,
     executor,
     mutmut_adapter,
+    outputs,
     results,
     sources,
 )
@@ -34,7 +35,7 @@ from audit.catalogue import Entry
 from audit.config import Config, GateThresholds, SuitePath
 from audit.environment import Fingerprint
 from audit.equivalents import Equivalent, apply_equivalents, load_equivalents
-from audit.errors import ConfigError
+from audit.errors import ConfigError, RunInterrupted
 from audit.gate import GateResult, evaluate
 from audit.jobs import ExecutorOptions
 from audit.model import (
@@ -98,7 +99,15 @@ class MutationStage:
     after: Fingerprint
 
 
-def prepare(config: Config, *, vllm_src: Path | None = None) -> Prepared:
+def prepare(
+    config: Config, *, vllm_src: Path | None = None, writes_reports: bool = True
+) -> Prepared:
+    """``writes_reports``: the command writes to the reports folder, which must then be
+    writable and hold nothing fence-audit did not write (checked first, writing nothing)."""
+    if writes_reports:
+        outputs.check_reports_dir(config.reports_dir)
+    # The project's own files first: a broken one costs no download.
+    entries, equivalents = load_entries(config), load_equivalents(config.equivalents_file)
     vllm = environment.installed_vllm(config.vllm_version)
     before = environment.verify_untouched(vllm, config.target)
     if vllm_src is not None:
@@ -123,8 +132,8 @@ def prepare(config: Config, *, vllm_src: Path | None = None) -> Prepared:
         target,
         regions,
         before,
-        load_entries(config),
-        load_equivalents(config.equivalents_file),
+        entries,
+        equivalents,
     )
 
 
@@ -150,7 +159,8 @@ def load_entries(config: Config) -> tuple[Entry, ...]:
 
 def coverage(prepared: Prepared, suite_entries: tuple[SuitePath, ...] = ()) -> CoverageStage:
     config = prepared.config
-    work = config.reports_dir / ".work"
+    work = outputs.scratch(config.reports_dir)
+    outputs.claim(config.reports_dir, "logs/baseline.log")  # written by start_baseline
     suite = stage_suite(config, prepared.source, suite_entries or config.suite, work)
     run, warm = start_baseline(config, suite, prepared.target, work)
     try:
@@ -210,8 +220,12 @@ def _mutate(
         functions = {m.function for m in mutants if m.module == module}
         text = path.read_text(encoding="utf-8")
         hashes.update({f"{module}:{f}": h for f, h in function_hashes(text, functions).items()})
+    log = "logs/mutmut.log" if engine == "mutmut" else "logs/mutants.log"
+    outputs.claim(config.reports_dir, log, "audit.json")  # listed before they are written
     started = time.monotonic()
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    incomplete: tuple[int, int] | None = None
+    every_mutant = mutants
     if engine == "mutmut":
         stage.close()
         verdicts = mutmut_adapter.judge(
@@ -222,19 +236,32 @@ def _mutate(
                 mutant.id, MutantStatus.ERROR, failure="catalogue entries need --engine fork"
             )
     else:
-        verdicts = executor.judge(
-            config,
-            stage.suite,
-            prepared.target,
-            mutants,
-            hashes,
-            stage.coverage_map.durations,
-            prepared.vllm.version,
-            options,
-            stage.warm,
-        )
+        try:
+            verdicts = executor.judge(
+                config,
+                stage.suite,
+                prepared.target,
+                mutants,
+                hashes,
+                stage.coverage_map.durations,
+                prepared.vllm.version,
+                options,
+                stage.warm,
+            )
+        except executor.Interrupted as interrupted:
+            # The results so far are written, marked incomplete (only the mutants
+            # judged, every tally recomputed from them); the cache resumes the rest.
+            verdicts = interrupted.verdicts
+            judged = tuple(m for m in mutants if m.id in verdicts)
+            incomplete = (len(judged), len(mutants))
+            mutants = judged
     duration = time.monotonic() - started
-    verdicts, equivalence = apply_equivalents(mutants, verdicts, hashes, prepared.equivalents)
+    # Every mutant of the run, judged or not (an interrupted run's); and the regions it
+    # left out (--region): records there say nothing about this run.
+    left_out = tuple(r for r in prepared.regions if r not in regions)
+    verdicts, equivalence = apply_equivalents(
+        every_mutant, verdicts, hashes, prepared.equivalents, left_out=left_out
+    )
     after = environment.verify_untouched(prepared.vllm, config.target)
     names = [region.name for region in regions]
     results.write_audit(
@@ -254,7 +281,17 @@ def _mutate(
         line_coverage=coverage_map.line_coverage(stage.run),
         started_at=started_at,
         duration_s=duration,
+        incomplete=incomplete,
     )
+    if incomplete is not None:
+        report(config, config.reports_dir / "audit.json")
+        raise RunInterrupted(
+            f"interrupted after {incomplete[0]} of {incomplete[1]} mutants had a verdict",
+            details={
+                "results": f"{config.reports_dir / 'audit.json'} (marked incomplete)",
+                "next": "run `fence-audit mutate` again: it resumes from the verdicts so far",
+            },
+        )
     tallies = results.tally_by_region(mutants, verdicts, names)
     overall = Tally.of(verdicts[m.id].status for m in mutants)
     return MutationStage(
@@ -272,6 +309,7 @@ def report(config: Config, path: Path, previous: AuditResults | None = None) -> 
     """Render every report from the saved results at ``path`` (``previous``: an older
     run, for the changes in summary.md); nothing is re-run."""
     saved = load_results(path)
+    outputs.check_reports_dir(config.reports_dir)
     return ReportStage(saved, write_reports(saved, config.reports_dir, previous))
 
 

@@ -5,22 +5,34 @@ the renderers (:mod:`audit.html_report`, :mod:`audit.markdown_report`,
 :mod:`audit.junit_report`, :mod:`audit.stryker`; :mod:`audit.reports` lists them)
 and the gate (:mod:`audit.gate`) never re-run anything and never touch raw JSON. A
 missing, corrupt or foreign file is a :class:`ConfigError` that says which file and
-what to do.
+what to do. Every field is type-checked and every count and score recomputed from the
+mutants (:mod:`audit.results_schema`): the view holds only recomputed tallies, and a
+file whose stored tallies disagree with its mutants is refused, naming the field.
 """
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from audit.errors import ConfigError
 from audit.model import Fraction
 from audit.protocol import MutantStatus
-from audit.results import AUDIT_FORMAT, Tally
+from audit.results import Tally, killed_by_vllm
+from audit.results_schema import (
+    Fields,
+    Invalid,
+    Mismatch,
+    check_tallies,
+    choice,
+    count,
+    items,
+    member,
+    read_results,
+    stored_tally,
+    text,
+)
 
 STATUS_ORDER = (
     MutantStatus.SURVIVED,
@@ -150,11 +162,21 @@ class AuditResults:
     overall_killed_by_vllm: int = 0
     equivalents: tuple[EquivalentRecord, ...] = ()
     tool_name: str = "fence-audit"
+    # An interrupted run: (mutants judged, of how many); the file holds only those judged.
+    incomplete: tuple[int, int] | None = None
 
     @property
     def vllm_score(self) -> float | None:
         """The overall score vLLM's suite alone earns (see RegionResult.vllm_score)."""
         return Fraction(self.overall_killed_by_vllm, self.overall.judged).percent
+
+    @property
+    def interrupted(self) -> str:
+        """What the reports' banner says of an interrupted run; "" for a complete one."""
+        if self.incomplete is None:
+            return ""
+        judged, total = self.incomplete
+        return f"the run was interrupted after {judged} of {total} mutants"
 
     def stale(self) -> tuple[CatalogueRecord, ...]:
         return tuple(c for c in self.catalogue if c.stale)
@@ -170,152 +192,227 @@ class AuditResults:
 
 
 def load_results(path: Path) -> AuditResults:
-    try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(
-            "no results file",
-            details={"file": str(path), "next": "run `fence-audit mutate` first"},
-        ) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ConfigError(
-            "the results file is not valid JSON",
-            details={
-                "file": str(path),
-                "error": str(error),
-                "next": "run `fence-audit mutate` again",
-            },
-        ) from None
-    if not isinstance(document, dict) or document.get("format") != AUDIT_FORMAT:
-        found = document.get("format") if isinstance(document, dict) else None
-        raise ConfigError(
-            f"the results file has format {found!r}; this fence-audit reads format {AUDIT_FORMAT}",
-            details={"file": str(path), "next": "run `fence-audit mutate` with this version"},
-        )
-    try:
-        return _results(path, document)
-    except (KeyError, TypeError, ValueError) as error:
-        raise ConfigError(
-            "the results file is incomplete or damaged",
-            details={
-                "file": str(path),
-                "error": f"{type(error).__name__}: {error}",
-                "next": "run `fence-audit mutate` again",
-            },
-        ) from None
+    """``audit.json`` at ``path`` as the view, its tallies recomputed from its mutants."""
+    return read_results(path, lambda document: _results(path, document))
 
 
-def _results(path: Path, document: Mapping[str, Any]) -> AuditResults:
-    tests = document["tests"]
-    regions = tuple(
-        RegionResult(
-            name=name,
-            description=body.get("description", ""),
-            functions=tuple(body.get("functions", ())),
-            tally=_tally(body),
-            lines=_fraction(body.get("lines")),
-            branches=_fraction(body.get("branches")),
-            missed_lines=tuple(body.get("missed_lines", ())),
-            killed_by_vllm=int(body.get("killed_by_vllm", body["killed"])),
-        )
-        for name, body in document["regions"].items()
-    )
-    functions = tuple(
-        SourceFunction(
-            name=f["name"],
-            start=int(f["start"]),
-            end=int(f["end"]),
-            regions=tuple(f["regions"]),
-            lines=tuple(
-                SourceLine(
-                    number=int(line["n"]),
-                    text=line["text"],
-                    coverage=line["coverage"],
-                    region=line["region"],
-                    tests=tuple(tests[i] for i in line["tests"]),
-                )
-                for line in f["lines"]
-            ),
-        )
-        for f in document["source"]["functions"]
-    )
-    mutants = tuple(_mutant(m) for m in document["mutants"])
-    suite = document.get("suite", {})
-    return AuditResults(
+def _results(path: Path, document: Fields) -> AuditResults:
+    document.count("format")
+    bodies = document.mapping("regions")
+    if not bodies:
+        raise Invalid("regions", "no region (every run judges at least one)")
+    names = tuple(name for name, _ in bodies)
+    mutants = tuple(_mutant(body, names) for body in document.objects("mutants"))
+    _check_unique(mutants)
+    # Every tally is recomputed from the mutants; the stored ones must agree.
+    tallies = {f"regions.{n}": _tally([m for m in mutants if m.region == n]) for n in names}
+    tallies["score"] = _tally(mutants)
+    stored = {f"regions.{name}": stored_tally(body) for name, body in bodies}
+    overall = document.object("score")
+    stored["score"] = stored_tally(overall)
+    regions = tuple(_region(name, body, tallies[f"regions.{name}"]) for name, body in bodies)
+    tool, target = document.object("tool"), document.object("target")
+    suite = document.object("suite", optional=True)
+    out_of_region = document.objects("out_of_region", optional=True)
+    results = AuditResults(
         path=path,
-        tool_version=document["tool"]["version"],
-        tool_name=document["tool"].get("name", "fence-audit"),
-        vllm_version=document["vllm_version"],
-        target_module=document["target"]["module"],
-        target_path=document["target"]["path"],
-        target_sha256=document["target"]["sha256"],
-        suite_origin=str(suite.get("tests_from", "")),
-        suite_paths=tuple(suite.get("paths", ())),
-        engine=document.get("engine", ""),
-        started_at=document.get("started_at", ""),
-        duration_s=float(document.get("duration_s", 0.0)),
-        overall=_tally(document["score"]),
+        tool_version=tool.text("version"),
+        tool_name=tool.text("name", "fence-audit"),
+        vllm_version=document.text("vllm_version"),
+        target_module=target.text("module"),
+        target_path=target.text("path"),
+        target_sha256=target.text("sha256"),
+        suite_origin=suite.text("tests_from", ""),
+        suite_paths=suite.texts("paths", optional=True),
+        engine=document.text("engine", ""),
+        started_at=document.text("started_at", ""),
+        duration_s=document.number("duration_s", 0.0),
+        overall=tallies["score"][0],
         regions=regions,
         mutants=mutants,
-        functions=functions,
-        out_of_region=len(document.get("out_of_region", ())),
-        catalogue=tuple(
-            CatalogueRecord(
-                id=c["id"],
-                region=c["region"],
-                title=c["title"],
-                invariant=c["invariant"],
-                expected=c["expected"],
-                file=c["file"],
-                stale=c["state"] == "stale",
-                reason=c.get("reason", ""),
-            )
-            for c in document.get("catalogue", ())
-        ),
-        equivalents=tuple(
-            EquivalentRecord(e["id"], e["state"], e["reason"], e.get("reviewed", ""))
-            for e in document.get("equivalents", ())
-        ),
-        overall_killed_by_vllm=int(
-            document["score"].get("killed_by_vllm", document["score"]["killed"])
-        ),
+        functions=_source(document.object("source"), document.texts("tests")),
+        out_of_region=len([_out_of_region(body) for body in out_of_region]),
+        catalogue=tuple(_catalogue(c) for c in document.objects("catalogue", optional=True)),
+        equivalents=tuple(_equivalent(e) for e in document.objects("equivalents", optional=True)),
+        overall_killed_by_vllm=tallies["score"][1],
+        incomplete=_incomplete(document, len(mutants)),
     )
+    for part in (overall, tool, target, suite, document):
+        part.close()
+    check_tallies(stored, tallies)
+    return results
 
 
-def _tally(body: Mapping[str, Any]) -> Tally:
-    return Tally(**{field: int(body.get(field, 0)) for field in Tally.__slots__})
+def _tally(mutants: Sequence[MutantRecord]) -> tuple[Tally, int]:
+    """The tally of ``mutants`` and how many of them vLLM's own tests killed."""
+    by_vllm = sum(killed_by_vllm(m.status, m.killed_by) for m in mutants)
+    return Tally.of(m.status for m in mutants), by_vllm
 
 
-def _fraction(body: Mapping[str, Any] | None) -> Fraction:
-    if not body:
+def _region(name: str, body: Fields, recomputed: tuple[Tally, int]) -> RegionResult:
+    region = RegionResult(
+        name=name,
+        description=body.text("description", ""),
+        functions=body.texts("functions", optional=True),
+        tally=recomputed[0],
+        lines=_fraction(body, "lines"),
+        branches=_fraction(body, "branches"),
+        missed_lines=tuple(count(n, w) for w, n in _items(body, "missed_lines")),
+        killed_by_vllm=recomputed[1],
+    )
+    body.count("tests", 0)  # how many baseline tests touch the region (not shown)
+    body.close()
+    return region
+
+
+def _items(body: Fields, key: str) -> list[tuple[str, object]]:
+    return items(body.raw(key, []), body.where(key))
+
+
+def _fraction(body: Fields, key: str) -> Fraction:
+    """Line or branch coverage; absent or empty (a region the baseline did not
+    measure) is 0 of 0."""
+    if body.raw(key, None) in (None, {}):
         return Fraction(0, 0)
-    return Fraction(int(body["covered"]), int(body["total"]))
+    part = body.object(key)
+    fraction = Fraction(part.count("covered"), part.count("total"))
+    part.close()
+    if fraction.covered > fraction.total:
+        raise Invalid(part.where("covered"), f"{fraction.covered} is more than the total")
+    return fraction
 
 
-def _mutant(body: Mapping[str, Any]) -> MutantRecord:
-    return MutantRecord(
-        id=body["id"],
-        region=body["region"],
-        origin=body["origin"],
-        function=body["function"],
-        operator=body["operator"],
-        line=int(body["line"]),
-        status=MutantStatus(body["status"]),
-        killed_by=body.get("killed_by") or "",
-        failure=body.get("failure") or "",
-        covered_by=tuple(body.get("covered_by", ())),
-        tests_run=len(body.get("tests_run", ())),
-        duration_s=float(body.get("duration_s", 0.0)),
-        diff=body.get("diff", ""),
-        cached=bool(body.get("cached", False)),
-        module=body.get("module", ""),
-        path=body.get("path", ""),
-        equivalence=body.get("equivalence", ""),
-        title=body.get("title", ""),
-        invariant=body.get("invariant", ""),
-        expected=body.get("expected", ""),
-        verdict=body.get("verdict", ""),
-        bug=body.get("bug", ""),
-        symptom=body.get("symptom", ""),
-        history=body.get("history", ""),
+def _mutant(body: Fields, regions: tuple[str, ...]) -> MutantRecord:
+    region = body.text("region")
+    if region not in regions:
+        raise Invalid(body.where("region"), f"{region!r} is not in regions ({', '.join(regions)})")
+    mutant = MutantRecord(
+        id=body.text("id"),
+        region=region,
+        origin=choice(body.raw("origin"), body.where("origin"), ("mutmut", "catalogue")),
+        function=body.text("function"),
+        operator=body.text("operator"),
+        line=count(body.raw("line"), body.where("line"), minimum=1),
+        status=member(body.raw("status"), body.where("status"), MutantStatus),
+        killed_by=body.text("killed_by", "", null=True),
+        failure=body.text("failure", "", null=True),
+        covered_by=body.texts("covered_by", optional=True),
+        tests_run=len(body.texts("tests_run", optional=True)),
+        duration_s=body.number("duration_s", 0.0),
+        diff=body.text("diff", ""),
+        cached=body.flag("cached", False),
+        **{key: body.text(key, "") for key in _MUTANT_TEXTS},
     )
+    body.close()
+    return mutant
+
+
+# Optional text fields of a mutant (see MutantRecord).
+_MUTANT_TEXTS = (
+    *("module", "path", "equivalence", "title", "invariant", "expected"),
+    *("verdict", "bug", "symptom", "history"),
+)
+
+
+def _check_unique(mutants: Sequence[MutantRecord]) -> None:
+    first: dict[str, int] = {}
+    for number, mutant in enumerate(mutants):
+        if mutant.id in first:
+            raise Invalid(
+                f"mutants[{number}].id", f"{mutant.id!r} is also mutants[{first[mutant.id]}]"
+            )
+        first[mutant.id] = number
+
+
+def _source(source: Fields, tests: tuple[str, ...]) -> tuple[SourceFunction, ...]:
+    source.text("path", "")
+    functions = tuple(_function(body, tests) for body in source.objects("functions"))
+    source.close()
+    return functions
+
+
+def _function(body: Fields, tests: tuple[str, ...]) -> SourceFunction:
+    function = SourceFunction(
+        name=body.text("name"),
+        start=body.count("start"),
+        end=body.count("end"),
+        regions=body.texts("regions"),
+        lines=tuple(_line(line, tests) for line in body.objects("lines")),
+    )
+    body.close()
+    return function
+
+
+def _line(body: Fields, tests: tuple[str, ...]) -> SourceLine:
+    coverage = body.raw("coverage")
+    region = body.raw("region")
+    line = SourceLine(
+        number=body.count("n"),
+        text=body.text("text"),
+        coverage=None if coverage is None else choice(coverage, body.where("coverage"), _COVERED),
+        region=None if region is None else text(region, body.where("region")),
+        tests=tuple(tests[_test_index(i, where, len(tests))] for where, i in _items(body, "tests")),
+    )
+    body.close()
+    return line
+
+
+_COVERED = ("covered", "partly", "missed")
+
+
+def _test_index(value: object, where: str, known: int) -> int:
+    index = count(value, where)
+    if index >= known:
+        raise Invalid(where, f"test index {index} is out of range (the file lists {known} tests)")
+    return index
+
+
+def _out_of_region(body: Fields) -> str:
+    body.text("function")
+    body.count("line")
+    identifier = body.text("id")
+    body.close()
+    return identifier
+
+
+def _catalogue(body: Fields) -> CatalogueRecord:
+    record = CatalogueRecord(
+        id=body.text("id"),
+        region=body.text("region"),
+        title=body.text("title"),
+        invariant=body.text("invariant"),
+        expected=body.text("expected"),
+        file=body.text("file"),
+        stale=choice(body.raw("state"), body.where("state"), ("applied", "stale")) == "stale",
+        reason=body.text("reason", ""),
+    )
+    body.close()
+    return record
+
+
+_EQUIVALENT_STATES = ("applied", "expired", "killed", "not survived", "absent")
+
+
+def _equivalent(body: Fields) -> EquivalentRecord:
+    record = EquivalentRecord(
+        id=body.text("id"),
+        state=choice(body.raw("state"), body.where("state"), _EQUIVALENT_STATES),
+        reason=body.text("reason"),
+        reviewed=body.text("reviewed", ""),
+    )
+    body.close()
+    return record
+
+
+def _incomplete(document: Fields, mutants: int) -> tuple[int, int] | None:
+    """``(judged, of)`` of an interrupted run; the file holds exactly the mutants judged."""
+    if document.raw("incomplete", None) is None:
+        return None
+    body = document.object("incomplete")
+    judged, total = body.count("judged"), body.count("of")
+    body.close()
+    if judged > total:
+        raise Invalid(body.where("judged"), f"{judged} judged of {total} mutants")
+    if judged != mutants:
+        raise Mismatch([(body.where("judged"), str(judged), str(mutants))])
+    return judged, total

@@ -6,7 +6,8 @@ report`` re-renders every file without running anything.
 
 Everything is rendered in memory first, so a bad results file (or a bug in a
 renderer) leaves the previous reports as they were: each file is replaced
-atomically, the region pages as one folder.
+atomically, the region pages as one folder. Only what fence-audit wrote is replaced
+or removed (:mod:`audit.outputs`).
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from audit.files import replaced_dir, write_text
+from audit.files import write_text
 from audit.html_report import region_file, render_index, render_region
 from audit.junit_report import render_junit
 from audit.markdown_report import render_summary
+from audit.outputs import claim, remove, replaced_folder
 from audit.report_model import AuditResults
 from audit.stryker import SourceNotHere, render_mutation_report
 
@@ -70,14 +72,15 @@ def write_reports(
 ) -> Written:
     rendered, skipped = render_reports(results, previous)
     pages = {name: text for name, text in rendered.items() if Path(name).parent.name == REGIONS_DIR}
-    with replaced_dir(directory / REGIONS_DIR) as staging:
+    with replaced_folder(directory, REGIONS_DIR) as staging:
         for name, text in pages.items():
             write_text(staging / Path(name).name, text)
-    for name, text in rendered.items():
-        if name not in pages:
-            write_text(directory / name, text)
+    files = {name: text for name, text in rendered.items() if name not in pages}
+    claim(directory, *files)
+    for name, text in files.items():
+        write_text(directory / name, text)
     for name in skipped:  # an older run's report must not stand beside these results
-        (directory / name).unlink(missing_ok=True)
+        remove(directory, name)
     return Written(
         index=directory / "index.html",
         summary=directory / "summary.md",

@@ -17,6 +17,10 @@ audit.json format history:
   Status ``equivalent`` (a reviewed survivor, outside the score) with the mutant's
   ``equivalence`` reason; ``equivalents`` lists each record of mutants/equivalents.toml
   with its state (applied, expired, killed, not survived, absent).
+  ``incomplete``: ``{"judged": N, "of": M}`` for an interrupted run, whose file holds
+  only the N mutants judged so far; absent for a complete run. Every count and score is
+  recomputed from the mutants on read (:mod:`audit.results_schema`): a file whose stored
+  tallies disagree is refused.
 """
 
 from __future__ import annotations
@@ -99,6 +103,7 @@ def write_audit(
     engine: str = "fork",
     catalogue: CatalogueMutants | None = None,
     equivalents: list[dict[str, Any]] | None = None,
+    incomplete: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     tallies = tally_by_region(mutants, verdicts, (r.name for r in regions))
     reasons = {e["id"]: e["reason"] for e in equivalents or () if e["state"] == "applied"}
@@ -132,6 +137,8 @@ def write_audit(
             {"id": o.id, "function": o.function, "line": o.line} for o in out_of_region
         ],
     }
+    if incomplete is not None:  # an interrupted run: only the mutants judged so far
+        document["incomplete"] = {"judged": incomplete[0], "of": incomplete[1]}
     write_json(path, document)
     return document
 
@@ -222,11 +229,14 @@ def _source(
 
 def _by_vllm(mutants: Iterable[Mutant], verdicts: Mapping[str, MutantResult]) -> int:
     return sum(
-        1
-        for m in mutants
-        if verdicts[m.id].status is MutantStatus.KILLED
-        and not is_project_test(verdicts[m.id].killed_by)
+        1 for m in mutants if killed_by_vllm(verdicts[m.id].status, verdicts[m.id].killed_by)
     )
+
+
+def killed_by_vllm(status: MutantStatus, killed_by: str) -> bool:
+    """Killed by a test of vLLM's own suite (a kill with no killer named, as
+    ``--engine mutmut`` records it, counts as vLLM's)."""
+    return status is MutantStatus.KILLED and not is_project_test(killed_by)
 
 
 def expectation_verdict(expected: str, result: MutantResult) -> str:

@@ -12,18 +12,21 @@ DESIGN.md, "Auditing a checkout").
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
+import posixpath
 import shutil
 import tarfile
 import tempfile
 import urllib.error
+import urllib.parse
 import urllib.request
+import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from audit.environment import module_relpath
+from audit.environment import module_relpath, sha256_file
 from audit.errors import ConfigError, SourceIntegrityError, SourceUnavailable
 from audit.files import replaced_dir, write_text
 
@@ -70,12 +73,24 @@ def sdist_tests(version: str, *, index_url: str, cache_dir: Path) -> TestSource:
         if (tree / MARKER).read_text().strip() == digest:
             return TestSource(root=tree, origin=f"sdist {filename} (sha256 {digest[:12]}, cached)")
 
-    if archive.is_file() and digest_file.is_file():
-        digest = digest_file.read_text().strip()
-        _check_digest(archive, digest, source=str(archive))
-    else:
-        url, digest = _find_on_index(index_url, filename, cache_dir)
-        _download(url, archive, digest)
+    digest = digest_file.read_text().strip() if digest_file.is_file() else ""
+    found = sha256_file(archive) if digest and archive.is_file() else ""
+    if not found or found != digest:  # none cached, or damaged (truncated): fetch it again
+        try:
+            url, digest = _find_on_index(index_url, filename, cache_dir)
+        except SourceUnavailable as unavailable:
+            if not found:
+                raise
+            raise _mismatch(
+                f"the cached {filename} does not match the sha256 recorded when it was "
+                "downloaded, and the package index cannot be reached to fetch it again",
+                {"archive": str(archive), "sha256 from": f"the cache, {digest_file}"},
+                expected=digest,
+                found=found,
+                next_step=f"run again when the index is reachable ({unavailable.summary}): "
+                "the archive is fetched afresh; or pass --vllm-src PATH to a vLLM checkout",
+            ) from None
+        _download(url, archive, digest, index_url)
         write_text(digest_file, digest + "\n")
     _extract_tests(archive, tree, f"vllm-{version}/tests/", digest)
     return TestSource(root=tree, origin=f"sdist {filename} (sha256 {digest[:12]})")
@@ -98,72 +113,132 @@ def _find_on_index(index_url: str, filename: str, cache_dir: Path) -> tuple[str,
                 "at a reachable index, or pass --vllm-src PATH to a vLLM checkout",
             },
         ) from None
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        listing = None
+    if not isinstance(listing, dict) or not isinstance(listing.get("files", []), list):
         raise SourceUnavailable(
             "the package index did not answer with PEP 691 JSON",
             details={"index": page, "next": "use an index that serves the JSON simple API"},
-        ) from None
+        )
     for entry in listing.get("files", []):
-        if entry.get("filename") == filename:
-            digest = entry.get("hashes", {}).get("sha256")
+        if isinstance(entry, dict) and entry.get("filename") == filename:
+            digest = (entry.get("hashes") or {}).get("sha256")
             if not digest:
                 raise SourceIntegrityError(
                     f"the index publishes no sha256 for {filename}",
                     details={"index": page, "next": "use an index that publishes hashes"},
                 )
-            return str(entry["url"]), str(digest)
+            # PEP 691 allows a URL relative to the page.
+            return urllib.parse.urljoin(page, str(entry.get("url", ""))), str(digest)
     raise SourceUnavailable(
         f"{filename} is not on the package index",
         details={"index": page, "next": "check [tool.fence-audit] vllm-version"},
     )
 
 
-def _download(url: str, archive: Path, digest: str) -> None:
+def _download(url: str, archive: Path, digest: str, index_url: str) -> None:
+    """Download ``url`` to ``archive``, kept only if it has the index's ``digest``."""
     archive.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=archive.parent, prefix=archive.name, suffix=".part")
+    fd, tmp_name = tempfile.mkstemp(dir=archive.parent, prefix=f".{archive.name}.", suffix=".part")
     tmp = Path(tmp_name)
     try:
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=TIMEOUT_S) as resp:
-            shutil.copyfileobj(resp, out)
-        _check_digest(tmp, digest, source=url)
+        try:
+            with (
+                os.fdopen(fd, "wb") as out,
+                urllib.request.urlopen(url, timeout=TIMEOUT_S) as response,
+            ):
+                shutil.copyfileobj(response, out)
+        except (urllib.error.URLError, OSError, TimeoutError, ValueError) as exc:
+            raise SourceUnavailable(
+                f"downloading {archive.name} failed",
+                details={"url": url, "error": str(exc), "next": "retry when it is reachable"},
+            ) from None
+        found = sha256_file(tmp)
+        if found != digest:
+            raise _mismatch(
+                f"the download of {archive.name} does not match the sha256 the package "
+                "index publishes",
+                {"url": url, "sha256 from": f"the package index, {index_url}"},
+                expected=digest,
+                found=found,
+                next_step="nothing was kept; retry, and suspect the mirror or proxy if it "
+                "happens again",
+            )
         tmp.replace(archive)
-    except (urllib.error.URLError, OSError, TimeoutError) as exc:
-        raise SourceUnavailable(
-            f"downloading {archive.name} failed",
-            details={"url": url, "error": str(exc), "next": "retry when the index is reachable"},
-        ) from None
     finally:
         tmp.unlink(missing_ok=True)
 
 
-def _check_digest(path: Path, expected: str, *, source: str) -> None:
-    found = hashlib.sha256(path.read_bytes()).hexdigest()
-    if found != expected:
-        raise SourceIntegrityError(
-            f"{path.name} does not match the sha256 the package index publishes",
-            details={
-                "from": source,
-                "expected": expected,
-                "found": found,
-                "next": "nothing was extracted; delete the cached file if it is there and "
-                "retry, and suspect the mirror or proxy if it happens again",
-            },
-        )
+def _mismatch(
+    summary: str, where: dict[str, str], *, expected: str, found: str, next_step: str
+) -> SourceIntegrityError:
+    details = where | {"expected": expected, "found": found, "next": next_step}
+    return SourceIntegrityError(summary, details=details)
 
 
 def _extract_tests(archive: Path, tree: Path, prefix: str, digest: str) -> None:
-    """Extract only ``prefix`` (the sdist's tests/) into ``tree``, atomically."""
+    """Extract only ``prefix`` (the sdist's tests/) into ``tree``, atomically.
+
+    Any member that would land outside ``tests/``, and any the standard library's
+    ``data`` filter refuses (absolute or escaping links, devices), stops the extraction
+    with nothing kept: exit 9, naming the member."""
+    top = prefix[: -len("tests/")]  # "vllm-VERSION/", stripped from every name
     with replaced_dir(tree) as staging:
-        with tarfile.open(archive, "r:gz") as tar:
-            members = []
-            for member in tar.getmembers():
-                if member.name.startswith(prefix):
-                    member.name = member.name[len(prefix) - len("tests/") :]
-                    members.append(member)
-            if not members:
-                raise SourceIntegrityError(
-                    f"{archive.name} holds no tests/ folder",
-                    details={"archive": str(archive)},
-                )
-            tar.extractall(staging, members=members, filter="data")
+        try:
+            with tarfile.open(archive, "r:gz") as tar:
+                members = _tests_members(tar.getmembers(), prefix, archive)
+                tar.extractall(staging, members=members, filter="data")
+        except tarfile.FilterError as error:
+            name = top + (error.tarinfo.name if error.tarinfo else "?")
+            raise _refused(archive, name, str(error)) from None
+        except (tarfile.TarError, EOFError, zlib.error) as error:
+            raise SourceIntegrityError(
+                f"{archive.name} cannot be read as a .tar.gz archive",
+                details={
+                    "archive": str(archive),
+                    "error": str(error),
+                    "next": "delete it and run again; suspect the index or a mirror if it recurs",
+                },
+            ) from None
         (staging / MARKER).write_text(digest + "\n")
+
+
+def _tests_members(
+    members: Iterable[tarfile.TarInfo], prefix: str, archive: Path
+) -> list[tarfile.TarInfo]:
+    """The members under ``prefix``, renamed to ``tests/...``. A hard link is kept only
+    when its target is an earlier member of the same tree (tar stores the file first)."""
+    start = len(prefix) - len("tests/")
+    chosen: list[tarfile.TarInfo] = []
+    files: set[str] = set()
+    for member in members:
+        if not member.name.startswith(prefix):
+            continue
+        if not posixpath.normpath(member.name).startswith(prefix):
+            raise _refused(archive, member.name, "its path leaves tests/")
+        if member.islnk():
+            target = posixpath.normpath(member.linkname)
+            if target not in files:
+                why = f"a hard link to {member.linkname}, which is not a file of tests/ before it"
+                raise _refused(archive, member.name, why)
+            member.linkname = target[start:]
+        files.add(posixpath.normpath(member.name))
+        member.name = member.name[start:]
+        chosen.append(member)
+    if not chosen:
+        raise SourceIntegrityError(
+            f"{archive.name} holds no tests/ folder", details={"archive": str(archive)}
+        )
+    return chosen
+
+
+def _refused(archive: Path, member: str, why: str) -> SourceIntegrityError:
+    return SourceIntegrityError(
+        f"{archive.name} holds a member fence-audit refuses to extract: {member}",
+        details={
+            "archive": str(archive),
+            "why": why,
+            "next": "nothing was extracted; suspect the index or a mirror, or pass "
+            "--vllm-src PATH to a vLLM checkout",
+        },
+    )

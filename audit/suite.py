@@ -7,6 +7,7 @@ are short and the same on every machine.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,8 @@ from audit.config import Config, SuitePath
 from audit.errors import ConfigError
 from audit.protocol import PROJECT_PREFIX
 from audit.sources import TestSource
+
+STAGED = ".fence-audit-suite"  # in every suite root stage_suite lays out: the one it may remove
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,9 +43,10 @@ def stage_suite(
     ``vllm/`` folder, in a checkout, never lands on ``sys.path``.
     """
     root = work / "suite"
-    if root.exists():
-        shutil.rmtree(root)
-    (root / "tests").mkdir(parents=True)
+    _remove_staged(root)
+    root.mkdir(parents=True)
+    (root / STAGED).write_text("a suite root staged by fence-audit, rebuilt whole by each run\n")
+    (root / "tests").mkdir()
     for child in (source.root / "tests").iterdir():
         if child.name not in ("conftest.py", "__pycache__"):
             (root / "tests" / child.name).symlink_to(child)
@@ -67,6 +71,22 @@ def stage_suite(
     plugins = tuple(_stage_plugin(root, config, source, entry) for entry in config.plugins)
     selection = (*(str(e) for e in entries), *(f"plugin {e}" for e in config.plugins))
     return Suite(source, root, tuple(paths), selection, plugins)
+
+
+def _remove_staged(root: Path) -> None:
+    """Remove the suite root a run staged before (its test processes wrote in it too, so
+    it goes whole), known by its marker; refuse any other folder in its place."""
+    if not (root.exists() or root.is_symlink()):
+        return
+    if root.is_symlink() or not (root / STAGED).is_file():
+        with contextlib.suppress(OSError):
+            root.rmdir()  # empty: a run stopped before it wrote the marker
+            return
+        raise ConfigError(
+            f"{root} is not a suite root fence-audit staged (it holds no {STAGED}); move it "
+            "away: fence-audit rebuilds this folder whole"
+        )
+    shutil.rmtree(root)
 
 
 def _stage_plugin(root: Path, config: Config, source: TestSource, entry: SuitePath) -> Path:

@@ -8,6 +8,7 @@ and review the diff of ``tests/unit/golden/``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import xml.etree.ElementTree as ET
@@ -20,6 +21,7 @@ from audit.errors import ConfigError
 from audit.html_report import render_index, render_region
 from audit.junit_report import render_junit
 from audit.markdown_report import render_summary
+from audit.protocol import MutantStatus
 from audit.report_model import AuditResults, load_results
 from audit.reports import write_reports
 
@@ -74,14 +76,24 @@ def test_junit_matches_golden(results: AuditResults, bless: bool, tmp_path: Path
 
 
 def older(tmp_path: Path) -> AuditResults:
-    """The fixture as an earlier run: one survivor was killed, one mutant is new since."""
-    document = json.loads(DATA.read_text())
-    document["mutants"] = [m for m in document["mutants"] if m["id"] != "catalogue:removal-early"]
-    document["mutants"][1].update(status="killed", killed_by="tests/test_fence.py::test_remove")
-    document["regions"]["population"].update(killed=3, survived=0, score=100.0)
-    path = tmp_path / "old.json"
-    path.write_text(json.dumps(document))
-    return load_results(path)
+    """The fixture as an earlier run: one survivor was killed, one mutant is new since.
+
+    Built as a view, not read from a file: its tallies are set by hand (population 3
+    killed of 3, removal and overall as now), as summary-compare.md was rendered with.
+    Its mutants do not add up to them, so ``load_results`` would refuse such a file."""
+    results = load_results(DATA)
+    mutants = [m for m in results.mutants if m.id != "catalogue:removal-early"]
+    killer = "tests/test_fence.py::test_remove"
+    mutants[1] = dataclasses.replace(mutants[1], status=MutantStatus.KILLED, killed_by=killer)
+    regions = tuple(
+        dataclasses.replace(r, tally=dataclasses.replace(r.tally, killed=3, survived=0))
+        if r.name == "population"
+        else r
+        for r in results.regions
+    )
+    return dataclasses.replace(
+        results, path=tmp_path / "old.json", mutants=tuple(mutants), regions=regions
+    )
 
 
 def test_compare_lists_changed_new_and_score_change(results: AuditResults, tmp_path: Path) -> None:

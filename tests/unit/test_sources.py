@@ -52,13 +52,37 @@ def test_hash_mismatch_stops_and_keeps_nothing(index: FakeIndex, tmp_path: Path)
     assert not (tmp_path / "tests").exists()
 
 
-def test_tampered_cached_archive_is_detected(index: FakeIndex, tmp_path: Path) -> None:
+def test_tampered_cached_archive_is_fetched_again(index: FakeIndex, tmp_path: Path) -> None:
     source = sdist_tests(VERSION, index_url=index.url, cache_dir=tmp_path)
     (source.root / ".fence-audit-complete").unlink()
     archive = tmp_path / "sdist" / f"vllm-{VERSION}.tar.gz"
     archive.write_bytes(archive.read_bytes() + b"x")
-    with pytest.raises(SourceIntegrityError):
-        sdist_tests(VERSION, index_url=index.url, cache_dir=tmp_path)
+    sdist_tests(VERSION, index_url=index.url, cache_dir=tmp_path)
+    assert archive.read_bytes() == index.sdist
+    assert (source.root / "tests" / "test_x.py").is_file()
+
+
+def test_tampered_cached_archive_without_the_index_is_detected(
+    index: FakeIndex, tmp_path: Path
+) -> None:
+    source = sdist_tests(VERSION, index_url=index.url, cache_dir=tmp_path)
+    (source.root / ".fence-audit-complete").unlink()
+    archive = tmp_path / "sdist" / f"vllm-{VERSION}.tar.gz"
+    archive.write_bytes(archive.read_bytes() + b"x")
+    with pytest.raises(SourceIntegrityError) as info:
+        sdist_tests(VERSION, index_url="http://127.0.0.1:9/simple", cache_dir=tmp_path)
+    assert info.value.details["sha256 from"].startswith("the cache, ")
+    assert info.value.details["expected"] == index.digest
+
+
+def test_a_relative_file_url_is_read_against_the_index_page(
+    index: FakeIndex, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    listing = index.listing()
+    listing["files"][0]["url"] = "../../files/vllm.tar.gz"  # type: ignore[index]
+    monkeypatch.setattr(index, "listing", lambda: listing)
+    source = sdist_tests(VERSION, index_url=index.url, cache_dir=tmp_path)
+    assert (source.root / "tests" / "test_x.py").is_file()
 
 
 def test_no_cache_and_no_network_is_source_unavailable(tmp_path: Path) -> None:

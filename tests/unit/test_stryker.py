@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 from stryker_schema import SCHEMA_PACKAGE, SCHEMA_PACKAGE_VERSION, published_schema
 
-from audit import environment, files
+from audit import environment, files, outputs
 from audit.cli import main
 from audit.config import default_cache_dir
 from audit.errors import ConfigError
@@ -68,6 +68,12 @@ def mutant(identifier: str, line: int, status: str, diff: str, **extra: Any) -> 
     }
 
 
+TALLY = {
+    **{"killed": 1, "survived": 1, "timeout": 1, "no_tests": 1, "error": 1},
+    **{"judged": 3, "score": 33.33},
+}
+
+
 @pytest.fixture
 def audit(tmp_path: Path) -> dict[str, Any]:
     target = tmp_path / "fence.py"
@@ -118,8 +124,8 @@ def audit(tmp_path: Path) -> dict[str, Any]:
         "engine": "fork",
         "started_at": "2025-01-01T00:00:00+00:00",
         "duration_s": 1.5,
-        "score": {"killed": 1, "survived": 1, "timeout": 1, "no_tests": 1, "error": 1},
-        "regions": {},
+        "score": TALLY,
+        "regions": {"removal": TALLY},  # what its mutants add up to (checked on read)
         "tests": [],
         "source": {"path": str(target), "functions": []},
         "mutants": mutants,
@@ -290,6 +296,7 @@ def test_without_the_audited_source_the_other_reports_are_written_and_mutation_j
     reports = tmp_path / "reports"
     reports.mkdir()
     (reports / "mutation.json").write_text("from another run")
+    outputs.claim(reports, "mutation.json")  # fence-audit's: one it did not write is kept
     written_ = write_reports(loaded(tmp_path, audit), reports)
     assert audit["target"]["path"] in written_.skipped["mutation.json"]
     assert not (reports / "mutation.json").exists()  # never beside results it does not show
@@ -351,6 +358,7 @@ def test_the_report_command_rewrites_mutation_json_from_saved_results(
     reports = tmp_path / "reports"
     reports.mkdir()
     (reports / "mutation.json").write_text("stale")
+    outputs.claim(reports, "mutation.json")  # an earlier run's (the CLI refuses any other)
     config = tmp_path / "pyproject.toml"
     config.write_text("")  # this project's own pyproject must not leak into the test
     argv = ["report", "--config", str(config), "--reports", str(reports), "--results", str(path)]

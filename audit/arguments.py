@@ -1,0 +1,195 @@
+"""The command line's grammar: every command and option of ``fence-audit``.
+
+A mistake on the command line is a usage error, exit 1 (exit 2 means the gate
+failed): the parser raises a :class:`ConfigError` in the audit's own format
+instead of argparse's ``sys.exit(2)``. Counts are checked here (``-j 0`` is refused,
+not read as 1); everything that needs the configuration is checked in ``audit/cli.py``
+before anything runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import NoReturn
+
+from audit import __version__
+from audit.errors import ConfigError
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser whose errors are the audit's: one line, exit 1, what to do."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(
+            message,
+            details={"command": self.prog, "next": f"`{self.prog} --help` lists the options"},
+        )
+
+
+def whole_number(minimum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, not {value}")
+        return value
+
+    return parse
+
+
+JOBS = whole_number(1)  # -j 0 or -1 would otherwise be read as one worker
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = Parser(add_help=False)
+    common.add_argument(
+        "--config",
+        type=Path,
+        help="pyproject.toml holding [tool.fence-audit] (default: ./pyproject.toml if present)",
+    )
+    common.add_argument("--reports", type=Path, help="output folder (default: reports)")
+    common.add_argument("--cache-dir", type=Path, help="download cache (default: see README)")
+    common.add_argument(
+        "--vllm-src",
+        type=Path,
+        metavar="PATH",
+        help="a local vLLM checkout: its tests and its target module are audited",
+    )
+
+    parser = Parser(
+        prog="fence-audit",
+        description="Mutation-testing and coverage audit of vLLM's KV-offloading fence.",
+    )
+    parser.add_argument("--version", action="version", version=f"fence-audit {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    cov = commands.add_parser(
+        "coverage",
+        parents=[common],
+        help="run the fence suite under per-test coverage; print the region table",
+    )
+    cov.add_argument(
+        "--suite",
+        action="append",
+        default=[],
+        metavar="ROOT:PATH",
+        help="a test path (vllm:PATH or project:PATH); repeat to select several; "
+        "replaces the configured selection",
+    )
+    cov.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="ROOT:PATH",
+        help="a pytest plugin file loaded into every test process; repeat for several; "
+        "replaces the configured plugins",
+    )
+    mutate = commands.add_parser(
+        "mutate",
+        parents=[common],
+        help="baseline, then judge every in-region mutant; write reports/audit.json",
+    )
+    mutate.add_argument(
+        "-j", "--jobs", type=JOBS, default=os.cpu_count() or 1, help="workers (default: cores)"
+    )
+    mutate.add_argument(
+        "--no-cache", action="store_true", help="judge every mutant again, ignoring the cache"
+    )
+    mutate.add_argument(
+        "--suite", action="append", default=[], metavar="ROOT:PATH", help="as for coverage"
+    )
+    mutate.add_argument(
+        "--plugin", action="append", default=[], metavar="ROOT:PATH", help="as for coverage"
+    )
+    mutate.add_argument(
+        "--engine",
+        choices=("fork", "mutmut"),
+        default="fork",
+        help="fork: the warm executor (default); mutmut: mutmut's own runner, to cross-check",
+    )
+    mutate.add_argument(
+        "--region",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="judge only this region's mutants; repeat for several (default: all)",
+    )
+    add_gate_options(mutate)
+    mutate.add_argument(
+        "--compare", type=Path, metavar="OLD_AUDIT_JSON", help="show changes since this run"
+    )
+    report = commands.add_parser(
+        "report",
+        parents=[common],
+        help="render every report (index.html, regions/, summary.md, junit.xml, mutation.json) "
+        "from a saved audit.json",
+    )
+    report.add_argument("--results", type=Path, help="default: REPORTS/audit.json")
+    report.add_argument(
+        "--compare", type=Path, metavar="OLD_AUDIT_JSON", help="show changes since this run"
+    )
+    gate = commands.add_parser(
+        "gate",
+        parents=[common],
+        help="check a saved audit.json against the thresholds (exit 2 below, 3 timeouts only)",
+    )
+    gate.add_argument("--results", type=Path, help="default: REPORTS/audit.json")
+    add_gate_options(gate)
+    catalogue_cmd = commands.add_parser(
+        "catalogue",
+        parents=[common],
+        help="catalogue of hand-written mutants: `check` validates every entry, runs no test",
+    )
+    catalogue_cmd.add_argument("action", choices=("check",), help="check: apply, compile, compare")
+    bench = commands.add_parser(
+        "bench",
+        parents=[common],
+        help="time this executor against mutmut, fresh processes and the floor",
+    )
+    bench.add_argument("-j", "--jobs", type=JOBS, default=os.cpu_count() or 1)
+    bench.add_argument("--region", action="append", default=[], metavar="NAME")
+    bench.add_argument("--suite", action="append", default=[], metavar="ROOT:PATH")
+    bench.add_argument(
+        "--sample",
+        type=whole_number(1),
+        default=5,
+        help="mutants judged in fresh processes (default 5)",
+    )
+    commands.add_parser(
+        "regions", parents=[common], help="resolve the regions against the audited source"
+    )
+    commands.add_parser(
+        "fetch",
+        parents=[common],
+        help="fetch vLLM's tests for the installed version into the cache",
+    )
+    return parser
+
+
+def add_gate_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--fail-under",
+        type=float,
+        metavar="PERCENT",
+        help="minimum overall score (default: [tool.fence-audit.gate] fail-under)",
+    )
+    parser.add_argument(
+        "--fail-under-region",
+        action="append",
+        default=[],
+        metavar="NAME=PERCENT",
+        help="minimum score of one region; repeat for several",
+    )
+    parser.add_argument(
+        "--min-line-coverage",
+        type=float,
+        metavar="PERCENT",
+        help="minimum line coverage of every region by the baseline",
+    )

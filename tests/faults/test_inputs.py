@@ -1,0 +1,433 @@
+"""Bad inputs (issue 13, items 5-8): the command line, the configuration, vLLM's sources.
+
+Each case ends in one line saying what is wrong and where, details saying what to do,
+the README's exit code, and no traceback; an input is refused before anything runs
+(a run starts by looking up the installed vLLM; then come the download and the baseline).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import subprocess
+import sys
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from fake_index import FakeIndex, make_sdist
+
+from audit import environment
+from audit.cli import main
+from audit.config import load_config
+from audit.errors import ExitCode
+
+VERSION = "0.33.0"  # the installed vLLM, which the fake index serves for the sources cases
+ARCHIVE = f"vllm-{VERSION}.tar.gz"
+UNREACHABLE = "http://127.0.0.1:9/simple"
+
+
+@pytest.fixture(autouse=True)
+def plain_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("FENCE_AUDIT_CACHE", "FENCE_AUDIT_INDEX_URL", "FENCE_AUDIT_VLLM_VERSION"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A project folder with an empty ``[tool.fence-audit]``: the built-in defaults."""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    write_config(folder, "")
+    return folder
+
+
+@pytest.fixture
+def no_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that starts fails the test: the input should have been refused first."""
+
+    def started(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the run started: the bad input was not checked first")
+
+    monkeypatch.setattr(environment, "installed_vllm", started)
+
+
+def write_config(folder: Path, body: str) -> Path:
+    path = folder / "pyproject.toml"
+    path.write_text(f"[tool.fence-audit]\n{body}", encoding="utf-8")
+    return path
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """``fence-audit ARGS`` in this process: its exit code and its stderr."""
+    try:
+        code = main(list(args))
+    except SystemExit as exit_:  # argparse's own exit, before issue 13
+        code = exit_.code if isinstance(exit_.code, int) else 1
+    return code, capsys.readouterr().err
+
+
+def assert_refused(outcome: tuple[int, str], code: ExitCode, *phrases: str) -> None:
+    """Exit ``code``; no traceback; the first line is the audit's and holds the first
+    phrase; every phrase is somewhere in the message."""
+    exit_code, stderr = outcome
+    assert "Traceback" not in stderr, stderr
+    assert exit_code == code, stderr
+    assert stderr.startswith("fence-audit: "), stderr
+    assert phrases[0] in stderr.splitlines()[0], stderr
+    for phrase in phrases[1:]:
+        assert phrase in stderr, stderr
+
+
+# --- the command line: usage errors are exit 1 (2 means the gate failed) -----------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("gate", "--fail-under", "abc"), "argument --fail-under: invalid float value: 'abc'"),
+        (("frob",), "argument COMMAND: invalid choice: 'frob'"),
+        (("mutate", "-j", "abc"), "argument -j/--jobs: 'abc' is not a whole number"),
+        (("gate", "--results"), "argument --results: expected one argument"),
+        (("catalogue",), "the following arguments are required: action"),
+        ((), "the following arguments are required: COMMAND"),
+    ],
+    ids=["not-a-number", "unknown-command", "jobs-word", "missing-value", "no-action", "none"],
+)
+def test_a_usage_error_is_exit_1_with_what_to_do(
+    capsys: pytest.CaptureFixture[str], no_run: None, args: tuple[str, ...], message: str
+) -> None:
+    assert_refused(cli(capsys, *args), ExitCode.USAGE, message, "--help` lists the options")
+
+
+def test_a_usage_error_ends_the_process_with_exit_1(tmp_path: Path) -> None:
+    process = subprocess.run(
+        [sys.executable, "-m", "audit", "mutate", "-j", "abc"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert_refused((process.returncode, process.stderr), ExitCode.USAGE, "'abc' is not a whole")
+
+
+@pytest.mark.parametrize("flag", ["--help", "--version"])
+def test_help_and_version_still_exit_0(capsys: pytest.CaptureFixture[str], flag: str) -> None:
+    with pytest.raises(SystemExit) as info:
+        main([flag])
+    assert info.value.code == 0
+    assert "fence-audit" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("jobs", ["0", "-1"])
+@pytest.mark.parametrize("command", ["mutate", "bench"])
+def test_fewer_than_one_worker_is_refused(
+    capsys: pytest.CaptureFixture[str], no_run: None, project: Path, command: str, jobs: str
+) -> None:
+    outcome = cli(capsys, command, "--config", str(project / "pyproject.toml"), "-j", jobs)
+    assert_refused(outcome, ExitCode.USAGE, f"argument -j/--jobs: must be at least 1, not {jobs}")
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (("mutate", "--region", "flsuh"), "--region"),
+        (("bench", "--region", "flsuh"), "--region"),
+        (("mutate", "--fail-under-region", "flsuh=90"), "--fail-under-region"),
+    ],
+    ids=["mutate-region", "bench-region", "gate-option"],
+)
+def test_an_unknown_region_is_refused_before_the_run(
+    capsys: pytest.CaptureFixture[str],
+    no_run: None,
+    project: Path,
+    args: tuple[str, ...],
+    option: str,
+) -> None:
+    outcome = cli(capsys, *args, "--config", str(project / "pyproject.toml"))
+    assert_refused(
+        outcome,
+        ExitCode.USAGE,
+        f"{option} names region 'flsuh', which is not configured",
+        "regions: population, flush, removal, sliding_window",
+    )
+
+
+def test_an_unknown_region_in_the_configured_gate_is_refused_before_the_run(
+    capsys: pytest.CaptureFixture[str], no_run: None, project: Path
+) -> None:
+    config = write_config(project, "[tool.fence-audit.gate]\nregions = { flsuh = 90 }\n")
+    outcome = cli(capsys, "mutate", "--config", str(config))
+    assert_refused(outcome, ExitCode.USAGE, "[tool.fence-audit.gate] regions names region")
+
+
+# --- the configuration ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "command"),
+    [
+        ("catalogue", "mutants/catalog", ("catalogue", "check")),
+        ("equivalents", "mutants/equivalent.toml", ("regions",)),
+    ],
+)
+def test_a_configured_path_that_does_not_exist_is_an_error(
+    capsys: pytest.CaptureFixture[str],
+    no_run: None,
+    project: Path,
+    key: str,
+    value: str,
+    command: tuple[str, ...],
+) -> None:
+    config = write_config(project, f'{key} = "{value}"\n')
+    outcome = cli(capsys, *command, "--config", str(config))
+    assert_refused(
+        outcome,
+        ExitCode.USAGE,
+        f"the {key} {'folder' if key == 'catalogue' else 'file'} {project / value} does not exist",
+        f"{key} = '{value}'",
+        "remove the key if the project has no",
+    )
+
+
+def test_the_default_catalogue_and_equivalents_may_be_absent(project: Path) -> None:
+    config = load_config(project / "pyproject.toml")
+    assert config.catalogue_dir == project / "mutants" / "catalogue"
+    assert config.equivalents_file == project / "mutants" / "equivalents.toml"
+    assert not config.catalogue_dir.exists()
+    assert not config.equivalents_file.exists()
+
+
+def test_config_naming_a_folder_is_an_error(
+    capsys: pytest.CaptureFixture[str], no_run: None, project: Path
+) -> None:
+    outcome = cli(capsys, "regions", "--config", str(project))
+    assert_refused(outcome, ExitCode.USAGE, "configuration file is a folder", str(project))
+
+
+@pytest.mark.parametrize("option", ["--results", "--compare"])
+def test_results_naming_a_folder_is_an_error(
+    capsys: pytest.CaptureFixture[str], project: Path, option: str
+) -> None:
+    results = Path(__file__).parents[1] / "unit" / "data" / "results.json"
+    args = ["report", "--config", str(project / "pyproject.toml"), "--results", str(results)]
+    args += ["--reports", str(project / "reports"), option, str(project)]
+    assert_refused(cli(capsys, *args), ExitCode.USAGE, "results file", str(project))
+
+
+def test_config_that_is_not_utf8_is_an_error(
+    capsys: pytest.CaptureFixture[str], no_run: None, project: Path
+) -> None:
+    config = project / "pyproject.toml"
+    config.write_bytes(b'[tool.fence-audit]\nreports = "r\xe9ports"\n')  # Latin-1
+    outcome = cli(capsys, "regions", "--config", str(config))
+    assert_refused(outcome, ExitCode.USAGE, "configuration file is not UTF-8 text", str(config))
+
+
+def test_config_whose_tool_table_is_not_a_table_is_an_error(
+    capsys: pytest.CaptureFixture[str], no_run: None, project: Path
+) -> None:
+    config = project / "pyproject.toml"
+    config.write_text("tool = 1\n")
+    outcome = cli(capsys, "regions", "--config", str(config))
+    assert_refused(outcome, ExitCode.USAGE, "[tool] must be a dict", str(config))
+
+
+def test_catalogue_entry_that_is_not_utf8_is_an_error(
+    capsys: pytest.CaptureFixture[str], project: Path
+) -> None:
+    entry = project / "mutants" / "catalogue" / "bad.toml"
+    entry.parent.mkdir(parents=True)
+    entry.write_bytes(b'id = "bad"\nwhy = "caf\xe9"\n')
+    outcome = cli(capsys, "catalogue", "check", "--config", str(project / "pyproject.toml"))
+    assert_refused(outcome, ExitCode.USAGE, "catalogue entry is not UTF-8 text", str(entry))
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [(b"# caf\xe9\n", "is not UTF-8 text"), (b"[[equivalent]\n", "is not valid TOML")],
+)
+def test_equivalents_file_that_cannot_be_read_is_an_error(
+    capsys: pytest.CaptureFixture[str], no_run: None, project: Path, content: bytes, problem: str
+) -> None:
+    equivalents = project / "mutants" / "equivalents.toml"
+    equivalents.parent.mkdir(parents=True)
+    equivalents.write_bytes(content)
+    outcome = cli(capsys, "regions", "--config", str(project / "pyproject.toml"))
+    assert_refused(outcome, ExitCode.USAGE, f"the equivalents file {problem}", str(equivalents))
+
+
+def test_an_index_url_that_is_not_a_url_is_an_error(
+    capsys: pytest.CaptureFixture[str],
+    no_run: None,
+    project: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FENCE_AUDIT_INDEX_URL", "notaurl")
+    outcome = cli(capsys, "fetch", "--config", str(project / "pyproject.toml"))
+    assert_refused(
+        outcome,
+        ExitCode.USAGE,
+        "the package index URL 'notaurl' is not an http(s) URL",
+        "set by:",
+        "$FENCE_AUDIT_INDEX_URL",
+    )
+
+
+@pytest.mark.parametrize("how", ["--cache-dir", "$FENCE_AUDIT_CACHE"])
+def test_a_cache_dir_that_is_a_file_is_an_error(
+    capsys: pytest.CaptureFixture[str],
+    no_run: None,
+    project: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    how: str,
+) -> None:
+    cache = project / "cache"
+    cache.write_text("not a folder\n")
+    args = ["fetch", "--config", str(project / "pyproject.toml")]
+    if how == "--cache-dir":
+        args += ["--cache-dir", str(cache)]
+    else:
+        monkeypatch.setenv("FENCE_AUDIT_CACHE", str(cache))
+    outcome = cli(capsys, *args)
+    assert_refused(outcome, ExitCode.USAGE, f"the cache folder {cache} is a file", f"set by: {how}")
+
+
+# --- vLLM's sources: the sdist from a (fake) package index --------------------------
+
+
+@pytest.fixture
+def index(fake_index: Callable[[str], FakeIndex], monkeypatch: pytest.MonkeyPatch) -> FakeIndex:
+    started = fake_index(VERSION)
+    monkeypatch.setenv("FENCE_AUDIT_INDEX_URL", started.url)
+    return started
+
+
+def serve(index: FakeIndex, *extra: tarfile.TarInfo) -> None:
+    """Serve the fake sdist with ``extra`` members after its own, with its sha256."""
+    buffer = io.BytesIO()
+    with (
+        tarfile.open(fileobj=io.BytesIO(make_sdist(VERSION)), mode="r:gz") as base,
+        tarfile.open(fileobj=buffer, mode="w:gz") as tar,
+    ):
+        for member in base.getmembers():
+            tar.addfile(member, base.extractfile(member))
+        for member in extra:
+            tar.addfile(member, io.BytesIO(b"x" * member.size) if member.isfile() else None)
+    index.sdist = buffer.getvalue()
+    index.digest = hashlib.sha256(index.sdist).hexdigest()
+
+
+def member(name: str, *, link: str = "", kind: bytes = tarfile.REGTYPE) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(f"vllm-{VERSION}/{name}")
+    info.type, info.linkname, info.size = kind, link, 0 if link else 1
+    return info
+
+
+def fetch(capsys: pytest.CaptureFixture[str], project: Path) -> tuple[int, str]:
+    config = str(project / "pyproject.toml")
+    return cli(capsys, "fetch", "--config", config, "--cache-dir", str(project / "cache"))
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize(
+    ("extra", "why"),
+    [
+        (member("tests/../../../evil.txt"), "its path leaves tests/"),
+        (member("tests/../vllm/other.py"), "its path leaves tests/"),
+        (
+            member("tests/init.py", link=f"vllm-{VERSION}/vllm/__init__.py", kind=tarfile.LNKTYPE),
+            "a hard link to vllm-0.33.0/vllm/__init__.py",
+        ),
+        (
+            member("tests/passwd", link="../../../etc/passwd", kind=tarfile.SYMTYPE),
+            "outside the destination",
+        ),
+    ],
+    ids=["path-traversal", "path-out-of-tests", "hardlink-out-of-tests", "symlink-escaping"],
+)
+def test_a_refused_tar_member_is_exit_9_naming_it(
+    capsys: pytest.CaptureFixture[str],
+    project: Path,
+    index: FakeIndex,
+    extra: tarfile.TarInfo,
+    why: str,
+) -> None:
+    serve(index, extra)
+    assert_refused(
+        fetch(capsys, project),
+        ExitCode.SOURCE_INTEGRITY,
+        f"{ARCHIVE} holds a member fence-audit refuses to extract: {extra.name}",
+        why,
+        "nothing was extracted",
+    )
+    assert not (project / "cache" / "tests").exists() or not any(
+        (project / "cache" / "tests").iterdir()
+    )
+
+
+@pytest.mark.vllm
+def test_a_hardlink_inside_tests_is_extracted(
+    capsys: pytest.CaptureFixture[str], project: Path, index: FakeIndex
+) -> None:
+    link = f"vllm-{VERSION}/tests/test_x.py"
+    serve(index, member("tests/test_copy.py", link=link, kind=tarfile.LNKTYPE))
+    code, stderr = fetch(capsys, project)
+    assert code == ExitCode.OK, stderr
+    tests = project / "cache" / "tests" / f"vllm-{VERSION}" / "tests"
+    assert (tests / "test_copy.py").read_text() == (tests / "test_x.py").read_text()
+
+
+def truncate_cached_archive(project: Path) -> Path:
+    archive = project / "cache" / "sdist" / ARCHIVE
+    archive.write_bytes(archive.read_bytes()[:100])
+    (project / "cache" / "tests" / f"vllm-{VERSION}" / ".fence-audit-complete").unlink()
+    return archive
+
+
+@pytest.mark.vllm
+def test_a_truncated_cached_sdist_is_fetched_again(
+    capsys: pytest.CaptureFixture[str], project: Path, index: FakeIndex
+) -> None:
+    assert fetch(capsys, project)[0] == ExitCode.OK
+    archive = truncate_cached_archive(project)
+    code, stderr = fetch(capsys, project)
+    assert code == ExitCode.OK, stderr
+    assert archive.read_bytes() == index.sdist
+    assert index.requests.count("/files/vllm.tar.gz") == 2
+
+
+@pytest.mark.vllm
+def test_a_truncated_cached_sdist_with_the_index_unreachable_names_the_cache(
+    capsys: pytest.CaptureFixture[str],
+    project: Path,
+    index: FakeIndex,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert fetch(capsys, project)[0] == ExitCode.OK
+    truncate_cached_archive(project)
+    monkeypatch.setenv("FENCE_AUDIT_INDEX_URL", UNREACHABLE)
+    assert_refused(
+        fetch(capsys, project),
+        ExitCode.SOURCE_INTEGRITY,
+        f"the cached {ARCHIVE} does not match the sha256 recorded when it was downloaded",
+        f"sha256 from: the cache, {project / 'cache' / 'sdist' / ARCHIVE}.sha256",
+        f"expected:    {index.digest}",
+        "run again when the index is reachable",
+    )
+
+
+@pytest.mark.vllm
+def test_a_download_that_does_not_match_names_the_index(
+    capsys: pytest.CaptureFixture[str], project: Path, index: FakeIndex
+) -> None:
+    index.digest = "0" * 64
+    assert_refused(
+        fetch(capsys, project),
+        ExitCode.SOURCE_INTEGRITY,
+        f"the download of {ARCHIVE} does not match the sha256 the package index publishes",
+        f"sha256 from: the package index, {index.url}",
+        "nothing was kept",
+    )
+    assert not list((project / "cache" / "sdist").iterdir())

@@ -1,0 +1,295 @@
+"""fence-audit removes only what it wrote (issue 13, item 4), and a reports folder it
+cannot write is one clear line, exit 1, before the baseline (item 7).
+
+Each case runs the command line in-process: ``report`` writes every report from a saved
+results file without running a test; ``coverage`` and ``mutate`` are stopped before the
+baseline (the index they would fetch vLLM's tests from does not answer).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import coverage
+import pytest
+
+from audit.cli import main
+from audit.config import load_config
+from audit.coverage_map import write_html
+from audit.environment import sha256_file
+from audit.errors import ConfigError, ExitCode
+from audit.model import BaselineRun, Target
+from audit.outputs import MANIFEST
+from audit.report_model import load_results
+from audit.reports import write_reports
+from audit.sources import TestSource
+from audit.suite import stage_suite
+
+RESULTS = Path(__file__).parents[1] / "unit" / "data" / "results.json"
+
+
+@pytest.fixture(autouse=True)
+def no_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing is fetched: a command that gets past the reports check stops at exit 8."""
+    monkeypatch.setenv("FENCE_AUDIT_INDEX_URL", "http://127.0.0.1:9/simple")
+
+
+def run(command: str, tmp_path: Path, reports: Path | str) -> int:
+    """``fence-audit COMMAND --reports REPORTS`` with an empty pyproject (the defaults)."""
+    config = tmp_path / "pyproject.toml"
+    if not config.exists():
+        config.write_text("")
+    argv = [command, "--config", str(config), "--reports", str(reports)]
+    if command == "report":
+        argv += ["--results", str(RESULTS)]
+    else:
+        argv += ["--cache-dir", str(tmp_path / "cache")]
+    return main(argv)
+
+
+def one_line(capsys: pytest.CaptureFixture[str]) -> str:
+    """The error: one line on stderr, no traceback."""
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "Traceback" not in err
+    return err
+
+
+def names(folder: Path) -> list[str]:
+    return sorted(path.name for path in folder.iterdir())
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+    }
+
+
+def test_a_users_file_in_regions_is_kept_and_the_report_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reports = tmp_path / "reports"
+    assert run("report", tmp_path, reports) == ExitCode.OK
+    (reports / "regions" / "notes.txt").write_text("my notes")
+    before = snapshot(reports)
+    capsys.readouterr()
+    assert run("report", tmp_path, reports) == ExitCode.USAGE
+    assert "holds files fence-audit did not write (regions/notes.txt)" in one_line(capsys)
+    assert snapshot(reports) == before  # the notes, and the earlier reports whole
+
+
+def test_a_users_file_in_coverage_is_kept_and_the_html_refused(tmp_path: Path) -> None:
+    run_ = baseline_run(tmp_path)
+    folder = tmp_path / "reports" / "coverage"
+    write_html(run_, folder)
+    assert (folder / "index.html").is_file()
+    (folder / "notes.txt").write_text("my notes")
+    before = snapshot(folder)
+    with pytest.raises(ConfigError, match=r"did not write \(coverage/notes.txt\)"):
+        write_html(run_, folder)
+    assert snapshot(folder) == before
+    (folder / "notes.txt").unlink()
+    write_html(run_, folder)  # its own files it replaces
+    assert (folder / "index.html").is_file()
+    assert not list(folder.parent.glob(".coverage.part-*"))
+
+
+@pytest.mark.parametrize("command", ["report", "coverage", "mutate"])
+def test_reports_dot_in_a_repository_is_refused_before_anything_runs(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--reports .`` in a repository would have taken its coverage/ folder."""
+    repo = tmp_path / "repo"
+    (repo / "coverage").mkdir(parents=True)
+    (repo / "coverage" / "index.html").write_text("the project's own coverage")
+    (repo / "src").mkdir()
+    (repo / ".gitignore").write_text("")
+    before = snapshot(repo)
+    assert run(command, tmp_path, repo) == ExitCode.USAGE
+    message = one_line(capsys)
+    assert f"reports folder {repo} holds files fence-audit did not write (coverage/, src/)" in (
+        message
+    )
+    assert "choose an empty folder or move them out" in message
+    assert snapshot(repo) == before
+    assert names(repo) == [".gitignore", "coverage", "src"]  # no manifest either
+    assert not (tmp_path / "cache").exists()  # nothing fetched: refused first
+
+
+def test_a_folder_holding_only_dotfiles_is_used_and_the_manifest_lists_every_file(
+    tmp_path: Path,
+) -> None:
+    """The repository's reports/ holds its committed .gitkeep."""
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / ".gitkeep").write_text("")
+    assert run("report", tmp_path, reports) == ExitCode.OK
+    assert (reports / ".gitkeep").is_file()
+    manifest = json.loads((reports / MANIFEST).read_text())
+    assert manifest["format"] == 1
+    on_disk = {
+        path.relative_to(reports).as_posix() + ("/" if path.is_dir() else "")
+        for path in reports.rglob("*")
+        if path.name not in (".gitkeep", MANIFEST)
+    }
+    assert on_disk == set(manifest["written"])
+    assert {"index.html", "regions/", "summary.md", "junit.xml"} <= on_disk
+    assert run("report", tmp_path, reports) == ExitCode.OK  # its own folder, again
+
+
+@pytest.fixture
+def read_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A reports folder nobody may create a file in. Root ignores the mode, so for root
+    creating anything in it fails as the kernel would make it fail for anyone else."""
+    folder = tmp_path / "reports"
+    folder.mkdir()
+    folder.chmod(0o555)
+    if os.geteuid() == 0:
+        real_open, real_mkdir = os.open, os.mkdir
+
+        def refused(path: object) -> None:
+            if Path(os.fsdecode(path)).parent == folder:  # type: ignore[arg-type]
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+
+        def open_(path: str, flags: int, *args: int, **kwargs: int) -> int:
+            if flags & os.O_CREAT:
+                refused(path)
+            return real_open(path, flags, *args, **kwargs)
+
+        def mkdir(path: str, *args: int, **kwargs: int) -> None:
+            refused(path)
+            real_mkdir(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, "open", open_)
+        monkeypatch.setattr(os, "mkdir", mkdir)
+    yield folder
+    folder.chmod(0o755)
+
+
+@pytest.mark.parametrize("command", ["report", "coverage"])
+def test_a_read_only_reports_folder_is_one_line_and_exit_1(
+    command: str, read_only: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run(command, tmp_path, read_only) == ExitCode.USAGE
+    message = one_line(capsys)
+    assert f"reports folder {read_only} is not writable (Permission denied" in message
+    assert "make it writable or choose another folder with --reports" in message
+    assert names(read_only) == []
+    assert not (tmp_path / "cache").exists()  # checked before anything else
+
+
+def test_a_reports_path_naming_a_file_is_one_line_and_exit_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "results.txt"
+    path.write_text("mine")
+    assert run("report", tmp_path, path) == ExitCode.USAGE
+    assert f"reports folder {path} is a file, not a folder" in one_line(capsys)
+    assert path.read_text() == "mine"
+
+
+def test_a_work_folder_fence_audit_did_not_create_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reports = tmp_path / "reports"
+    assert run("report", tmp_path, reports) == ExitCode.OK
+    (reports / ".work" / "suite").mkdir(parents=True)
+    (reports / ".work" / "suite" / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    assert run("coverage", tmp_path, reports) == ExitCode.USAGE
+    assert "did not write (.work/)" in one_line(capsys)
+    assert (reports / ".work" / "suite" / "notes.txt").read_text() == "mine"
+
+
+def test_a_suite_root_fence_audit_did_not_stage_is_kept(tmp_path: Path) -> None:
+    (tmp_path / "vllm" / "tests" / "v1").mkdir(parents=True)
+    (tmp_path / "pyproject.toml").write_text("[tool.fence-audit.suite]\npaths = []\n")
+    config = load_config(tmp_path / "pyproject.toml")
+    source = TestSource(tmp_path / "vllm", "test folder")
+    work = tmp_path / "work"
+    notes = work / "suite" / "notes.txt"
+    notes.parent.mkdir(parents=True)
+    notes.write_text("mine")
+    with pytest.raises(ConfigError, match="is not a suite root fence-audit staged"):
+        stage_suite(config, source, (), work)
+    assert notes.read_text() == "mine"
+    notes.unlink()
+    notes.parent.rmdir()
+    first = stage_suite(config, source, (), work)
+    (first.root / ".hypothesis").mkdir()  # what the test processes leave in it
+    assert stage_suite(config, source, (), work).root == first.root  # its own, rebuilt
+    assert names(first.root) == [".fence-audit-suite", "project", "tests"]
+
+
+def test_a_stale_report_fence_audit_did_not_write_is_kept(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The results' audited source is absent here, so mutation.json is not rendered, and
+    an older run's is removed; a user's is not."""
+    reports = tmp_path / "reports"
+    assert run("report", tmp_path, reports) == ExitCode.OK
+    mine = reports / "mutation.json"
+    mine.write_text("my own Stryker report")
+    capsys.readouterr()
+    assert run("report", tmp_path, reports) == ExitCode.USAGE
+    assert "did not write (mutation.json)" in one_line(capsys)
+    write_reports(load_results(RESULTS), reports)  # called directly: still kept
+    assert mine.read_text() == "my own Stryker report"
+
+
+@pytest.mark.parametrize(
+    "manifest",
+    [
+        "{not json",
+        '{"format": 99, "written": []}',
+        '{"format": 1, "written": ["../victim.txt"]}',
+        '{"format": 1, "written": ["/tmp/victim.txt", "regions/notes.txt"]}',
+        '{"format": 1, "written": "regions/"}',
+    ],
+)
+def test_a_damaged_manifest_vouches_for_nothing(
+    manifest: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reports = tmp_path / "reports"
+    assert run("report", tmp_path, reports) == ExitCode.OK
+    (reports / MANIFEST).write_text(manifest)
+    (reports / "regions" / "notes.txt").write_text("mine")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    before = snapshot(tmp_path)
+    capsys.readouterr()
+    assert run("report", tmp_path, reports) == ExitCode.USAGE
+    assert f"{reports / MANIFEST} is not a manifest fence-audit can read" in one_line(capsys)
+    assert snapshot(tmp_path) == before
+
+
+def test_a_regions_folder_turned_into_a_link_is_not_followed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reports = tmp_path / "reports"
+    assert run("report", tmp_path, reports) == ExitCode.OK
+    elsewhere = tmp_path / "documents"
+    (reports / "regions").rename(elsewhere)
+    (reports / "regions").symlink_to(elsewhere)
+    before = snapshot(elsewhere)
+    capsys.readouterr()
+    assert run("report", tmp_path, reports) == ExitCode.USAGE
+    assert "did not write (regions)" in one_line(capsys)
+    assert snapshot(elsewhere) == before
+
+
+def baseline_run(tmp_path: Path) -> BaselineRun:
+    """Coverage data of a one-line target, as a baseline leaves it."""
+    path = tmp_path / "fence.py"
+    path.write_text("x = 1\n")
+    data_file = tmp_path / "baseline.coverage"
+    data = coverage.CoverageData(basename=str(data_file))
+    data.set_context("tests/test_fence.py::test_x")
+    data.add_arcs({str(path): {(-1, 1), (1, -1)}})
+    data.write()
+    target = Target("fence", path, path, sha256_file(path))
+    return BaselineRun(target, (), data_file, tmp_path / "baseline.log", 0.0)
