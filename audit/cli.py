@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import signal
 import sys
+import threading
 import traceback
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from types import FrameType
 
 from audit import catalogue, environment, hermetic, pipeline, sources
 from audit.arguments import build_parser
@@ -264,7 +267,13 @@ def report_mutation(stage: pipeline.MutationStage) -> None:
     print(f"\nfence-audit: results in {reports / 'audit.json'}")
 
 
+def _terminated(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt  # SIGTERM (a cancelled CI job) stops the run as Ctrl-C does
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminated)
     try:
         # A usage error is a ConfigError too (exit 1): exit 2 means the gate failed.
         return int(run(build_parser().parse_args(argv)))

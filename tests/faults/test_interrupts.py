@@ -114,6 +114,7 @@ CASES = [
     *((point, signal.SIGINT) for point in POINTS),
     ("early mutants", signal.SIGKILL),
     ("late mutants", signal.SIGKILL),
+    ("late mutants", signal.SIGTERM),  # a cancelled CI job
 ]
 
 
@@ -140,15 +141,16 @@ def test_an_interrupted_run_resumes_to_the_clean_run_s_statuses(
             time.sleep(0.05)
         if signum == signal.SIGINT:
             os.killpg(process.pid, signal.SIGINT)
-        else:  # SIGKILL reaches fence-audit alone: its test process must not outlive it
-            os.kill(process.pid, signal.SIGKILL)
+        else:  # fence-audit alone: its test process must not outlive it
+            os.kill(process.pid, signum)
         code = process.wait(timeout=120)
     output = (folder / "interrupted.log").read_text()
     assert "Traceback" not in output
-    if signum == signal.SIGINT and point != "report writing":
+    stopped = signum in (signal.SIGINT, signal.SIGTERM)
+    if stopped and point != "report writing":
         assert code == 130, output
         assert "interrupted" in output
-    if signum == signal.SIGINT and point in ("early mutants", "late mutants"):
+    if stopped and point in ("early mutants", "late mutants"):
         audit = json.loads((folder / "reports" / "audit.json").read_text())
         judged, total = audit["incomplete"]["judged"], audit["incomplete"]["of"]
         assert judged == len(audit["mutants"]) < total == len(clean)

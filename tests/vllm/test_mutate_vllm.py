@@ -3,11 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import jsonschema
@@ -128,53 +123,5 @@ def test_two_runs_from_an_empty_cache_agree(first_run, tmp_path: Path) -> None: 
     }
 
 
-def test_a_run_killed_mid_way_leaves_vllm_untouched_and_resumes(tmp_path: Path) -> None:
-    cache = private_cache(tmp_path)
-    reports = tmp_path / "reports"
-    before = installed_sha()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "audit",
-            "mutate",
-            "--region",
-            "population",
-            "-j",
-            "2",
-            "--cache-dir",
-            str(cache),
-            "--reports",
-            str(reports),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    results = cache / "results"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and len(list(results.glob("*.json"))) < 5:
-        assert process.poll() is None, "the run ended before it could be killed"
-        time.sleep(0.2)
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
-    done = len(list(results.glob("*.json")))
-    assert done >= 5
-    assert installed_sha() == before
-
-    resumed = fence_audit(
-        "mutate",
-        "--region",
-        "population",
-        "--cache-dir",
-        str(cache),
-        "--reports",
-        str(reports),
-        cwd=Path.cwd(),
-    )
-    assert resumed.returncode == 0, resumed.stderr
-    audit = json.loads((reports / "audit.json").read_text())
-    cached = sum(m["cached"] for m in audit["mutants"])
-    assert cached >= done - 2  # a child may have been mid-write: never a torn file
-    assert all(m["status"] != "error" for m in audit["mutants"])
-    assert installed_sha() == before
+# A run stopped by SIGINT, SIGTERM or SIGKILL at several points, then resumed:
+# tests/faults/test_interrupts.py.
