@@ -183,6 +183,7 @@ def check_catalogue(config: Config, vllm_src: Path | None) -> ExitCode:
     print(f"fence-audit: catalogue {config.catalogue_dir}: {len(entries)} entries; target {path}")
     stale = 0
     width = max((len(e.id) for e in entries), default=0)
+    functions = {r.name: tuple(s.function for s in r.selections) for r in config.regions}
     for entry in entries:
         where, text = path, source
         if entry.module:  # an entry for another module (the worker's): its installed file
@@ -191,6 +192,8 @@ def check_catalogue(config: Config, vllm_src: Path | None) -> ExitCode:
             )
             text = where.read_text(encoding="utf-8")
         outcome = catalogue.apply_entry(entry, text, str(where))
+        if isinstance(outcome, catalogue.Applied):  # its region's functions, or stale
+            outcome = catalogue.outside_region(entry, outcome, functions[entry.region]) or outcome
         if isinstance(outcome, catalogue.Stale):
             stale += 1
             print(f"  STALE  {entry.id:<{width}}  {outcome.reason}")

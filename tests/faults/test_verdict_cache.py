@@ -4,7 +4,10 @@ judged again; a catalogue entry outside its region is never judged into its scor
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
+import pytest
+from fence_helpers import fence_audit
 from test_toy_mutation import Toy, toy  # noqa: F401  (the fixture)
 
 from audit.catalogue import build_catalogue_mutants, load_catalogue
@@ -101,3 +104,35 @@ def test_a_catalogue_entry_outside_its_region_is_stale_not_judged(tmp_path) -> N
     assert built.mutants == ()
     (stale,) = built.stale
     assert "Fence.next_id, which is not in region removal (Fence.remove)" in stale.reason
+
+
+@pytest.mark.vllm
+def test_catalogue_check_names_an_entry_outside_its_region(tmp_path: Path) -> None:
+    folder = tmp_path / "catalogue"
+    folder.mkdir()
+    (folder / "removal-job-ids-step-twice.toml").write_text(
+        textwrap.dedent(
+            """\
+            format = 1
+            id = "removal-job-ids-step-twice"
+            region = "removal"
+            title = "job ids step by two"
+            bug = "an edit to _generate_job_id, which no region holds"
+            invariant = "I7"
+            symptom = "none the removal region's tests could see"
+            expected = "project"
+
+            [[change]]
+            function = "OffloadingConnectorScheduler._generate_job_id"
+            statement = "self._job_counter += 1"
+            action = "replace"
+            new = "self._job_counter += 2"
+            """
+        )
+    )
+    (tmp_path / "pyproject.toml").write_text(f'[tool.fence-audit]\ncatalogue = "{folder}"\n')
+    result = fence_audit(
+        "catalogue", "check", "--config", str(tmp_path / "pyproject.toml"), cwd=tmp_path
+    )
+    assert result.returncode == 12, result.stderr
+    assert "_generate_job_id, which is not in region removal" in result.stdout
