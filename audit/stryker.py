@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,13 +76,7 @@ def audited_text(path: str, module: str, results: AuditResults, *, digest: bool)
     installed vLLM of the same version. With ``digest``, the text must have the
     recorded sha256: locations index it, and an edited file would misplace them all.
     """
-    candidates = [Path(path)]
-    try:
-        vllm = environment.installed_vllm(results.vllm_version)
-        candidates.append(environment.installed_file(vllm, module))
-    except AuditError:
-        pass  # not installed here, or another version: only the recorded path can serve
-    for candidate in candidates:
+    for candidate in _places(path, module, results.vllm_version):
         try:
             raw = candidate.read_bytes()
         except OSError:
@@ -90,6 +84,17 @@ def audited_text(path: str, module: str, results: AuditResults, *, digest: bool)
         if not digest or hashlib.sha256(raw).hexdigest() == results.target_sha256:
             return raw.decode("utf-8")
     raise SourceNotHere(f"the audited {module} ({path}) is not on this machine as it was audited")
+
+
+def _places(path: str, module: str, vllm_version: str) -> Iterator[Path]:
+    """Where the audited text may be, in order; the installed vLLM is looked up only
+    when the recorded path does not serve."""
+    yield Path(path)
+    try:
+        installed = environment.installed_file(environment.installed_vllm(vllm_version), module)
+    except AuditError:
+        return  # not installed here, or another version: only the recorded path can serve
+    yield installed
 
 
 def render_mutation_report(results: AuditResults) -> str:

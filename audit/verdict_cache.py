@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from audit.model import Mutant, MutantResult
-from audit.protocol import MutantStatus, ProtocolError, load_verdict
+from audit.protocol import MutantStatus, ProtocolError, Verdict, load_verdict
 
 ENGINE_VERSION = 2  # bump when a verdict's meaning changes: old cache entries then miss
 DAMAGED = "the verdict file does not hold a verdict"
@@ -56,13 +56,11 @@ class VerdictCache:
     def lookup(self, mutant_id: str, key: str) -> MutantResult | None:
         """The cached verdict, or None (and no file left) when there is none, or when
         the file does not hold a verdict (damaged by hand or by a disk): judged again."""
-        path = self.path(key)
-        if path.is_file():
-            result = self.load(mutant_id, key, cached=True)
-            if result.failure != DAMAGED:
-                return result
-        path.unlink(missing_ok=True)
-        return None
+        verdict = self._read(key)
+        if verdict is None:
+            self.forget(key)
+            return None
+        return _result(mutant_id, verdict, cached=True)
 
     def forget(self, key: str) -> None:
         self.path(key).unlink(missing_ok=True)
@@ -72,23 +70,32 @@ class VerdictCache:
     ) -> MutantResult:
         """The verdict under ``key``; an error result (never cached) when there is none,
         with ``failure`` saying why, or when the file does not hold one."""
-        path = self.path(key)
-        if not path.is_file():
+        if not self.has(key):
             why = failure or "no verdict was recorded"
             return MutantResult(mutant_id, MutantStatus.ERROR, failure=why)
-        try:
-            verdict = load_verdict(path)
-        except (OSError, ProtocolError):
+        verdict = self._read(key)
+        if verdict is None:
             return MutantResult(mutant_id, MutantStatus.ERROR, failure=DAMAGED)
-        return MutantResult(
-            id=mutant_id,
-            status=verdict.status,
-            killed_by=verdict.killed_by,
-            failure=verdict.failure,
-            tests_run=verdict.tests_run,
-            duration_s=verdict.duration_s,
-            cached=cached,
-        )
+        return _result(mutant_id, verdict, cached=cached)
+
+    def _read(self, key: str) -> Verdict | None:
+        """The verdict under ``key``; None when there is no file or it holds no verdict."""
+        try:
+            return load_verdict(self.path(key))
+        except (OSError, ProtocolError):
+            return None
+
+
+def _result(mutant_id: str, verdict: Verdict, *, cached: bool) -> MutantResult:
+    return MutantResult(
+        id=mutant_id,
+        status=verdict.status,
+        killed_by=verdict.killed_by,
+        failure=verdict.failure,
+        tests_run=verdict.tests_run,
+        duration_s=verdict.duration_s,
+        cached=cached,
+    )
 
 
 class TestHasher:

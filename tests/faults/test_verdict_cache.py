@@ -75,27 +75,32 @@ SOURCE = textwrap.dedent(
 )
 
 
-def test_a_catalogue_entry_outside_its_region_is_stale_not_judged(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    (tmp_path / "outside.toml").write_text(
+def write_entry_outside_removal(folder: Path, entry_id: str, function: str, counter: str) -> None:
+    """A catalogue entry of region removal that steps ``counter`` by two in ``function``."""
+    (folder / f"{entry_id}.toml").write_text(
         textwrap.dedent(
-            """\
+            f"""\
             format = 1
-            id = "outside"
+            id = "{entry_id}"
             region = "removal"
-            title = "the job id counter steps twice"
+            title = "the counter steps by two"
             bug = "an edit to a function no region holds"
             invariant = "I7"
             symptom = "none the removal region's tests could see"
             expected = "project"
 
             [[change]]
-            function = "Fence.next_id"
-            statement = "self.count += 1"
+            function = "{function}"
+            statement = "{counter} += 1"
             action = "replace"
-            new = "self.count += 2"
+            new = "{counter} += 2"
             """
         )
     )
+
+
+def test_a_catalogue_entry_outside_its_region_is_stale_not_judged(tmp_path: Path) -> None:
+    write_entry_outside_removal(tmp_path, "outside", "Fence.next_id", "self.count")
     entries = load_catalogue(tmp_path)
     regions = resolve_regions(
         SOURCE, (RegionSpec("removal", "", (Selection("Fence.remove"),)),), filename="fence.py"
@@ -110,25 +115,11 @@ def test_a_catalogue_entry_outside_its_region_is_stale_not_judged(tmp_path) -> N
 def test_catalogue_check_names_an_entry_outside_its_region(tmp_path: Path) -> None:
     folder = tmp_path / "catalogue"
     folder.mkdir()
-    (folder / "removal-job-ids-step-twice.toml").write_text(
-        textwrap.dedent(
-            """\
-            format = 1
-            id = "removal-job-ids-step-twice"
-            region = "removal"
-            title = "job ids step by two"
-            bug = "an edit to _generate_job_id, which no region holds"
-            invariant = "I7"
-            symptom = "none the removal region's tests could see"
-            expected = "project"
-
-            [[change]]
-            function = "OffloadingConnectorScheduler._generate_job_id"
-            statement = "self._job_counter += 1"
-            action = "replace"
-            new = "self._job_counter += 2"
-            """
-        )
+    write_entry_outside_removal(
+        folder,
+        "removal-job-ids-step-twice",
+        "OffloadingConnectorScheduler._generate_job_id",
+        "self._job_counter",
     )
     (tmp_path / "pyproject.toml").write_text(f'[tool.fence-audit]\ncatalogue = "{folder}"\n')
     result = fence_audit(
