@@ -183,7 +183,7 @@ def check_catalogue(config: Config, vllm_src: Path | None) -> ExitCode:
     print(f"fence-audit: catalogue {config.catalogue_dir}: {len(entries)} entries; target {path}")
     stale = 0
     width = max((len(e.id) for e in entries), default=0)
-    functions = {r.name: tuple(s.function for s in r.selections) for r in config.regions}
+    functions = {r.name: tuple(n for s in r.selections for n in s.names) for r in config.regions}
     for entry in entries:
         where, text = path, source
         if entry.module:  # an entry for another module (the worker's): its installed file

@@ -9,6 +9,7 @@ nothing is configured. Every key is checked: an unknown key or a wrong type is a
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 import urllib.parse
 from dataclasses import dataclass
@@ -29,19 +30,40 @@ StatementPart = Literal["statement", "header"]
 
 @dataclass(frozen=True, slots=True)
 class StatementSelector:
-    """Statements whose normalised text (or header) contains ``match``."""
+    """Statements whose normalised text (or header) contains ``match``.
+
+    ``alternatives`` are tried in order when ``match`` selects nothing: the same code
+    as other releases write it. ``since`` is the vLLM release that introduced the
+    statement: before it, a statement no alternative finds is *absent*, not an error.
+    """
 
     match: str
     part: StatementPart = "statement"
     containing: str = ""  # and whose whole text (body included) contains this
+    alternatives: tuple[str, ...] = ()
+    since: str = ""
+
+    @property
+    def anchors(self) -> tuple[str, ...]:
+        return (self.match, *self.alternatives)
 
 
 @dataclass(frozen=True, slots=True)
 class Selection:
-    """A function of the target module, whole or by some of its statements."""
+    """A function of the target module, whole or by some of its statements.
+
+    ``alternatives`` name the same function as other releases do, tried in order
+    after ``function``; ``since`` as for a statement.
+    """
 
     function: str
     statements: tuple[StatementSelector, ...] = ()
+    alternatives: tuple[str, ...] = ()
+    since: str = ""
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.function, *self.alternatives)
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,29 +342,70 @@ def parse_regions(table: Any, source: str) -> tuple[RegionSpec, ...]:
 
 def _parse_selection(body: Any, where: str, source: str) -> Selection:
     _expect(body, dict, where, source)
-    _check_keys(body, {"function", "statements"}, where, source)
-    function = _string(body, "function", source, where)
+    _check_keys(body, {"function", "statements", "since"}, where, source)
+    names = _alternatives(body, "function", where, source)
     selectors: list[StatementSelector] = []
     for item in body.get("statements", []):
         if isinstance(item, str):
             selectors.append(StatementSelector(match=item))
             continue
         _expect(item, dict, f"{where}.statements", source)
-        _check_keys(item, {"match", "part", "containing"}, f"{where}.statements", source)
+        _check_keys(item, {"match", "part", "containing", "since"}, f"{where}.statements", source)
         part = item.get("part", "statement")
         if part not in ("statement", "header"):
             raise ConfigError(
                 f"{where}.statements: part must be 'statement' or 'header', not {part!r}",
-                details={"config": source, "function": function},
+                details={"config": source, "function": names[0]},
             )
+        matches = _alternatives(item, "match", f"{where}.statements", source)
         selectors.append(
             StatementSelector(
-                match=_string(item, "match", source, where),
+                match=matches[0],
                 part=part,
                 containing=str(item.get("containing", "")),
+                alternatives=matches[1:],
+                since=_since(item, f"{where}.statements", source),
             )
         )
-    return Selection(function=function, statements=tuple(selectors))
+    return Selection(
+        function=names[0],
+        statements=tuple(selectors),
+        alternatives=names[1:],
+        since=_since(body, where, source),
+    )
+
+
+def _alternatives(table: dict[str, Any], key: str, where: str, source: str) -> tuple[str, ...]:
+    """A string, or a non-empty list of strings tried in order (the same code as
+    different releases write it)."""
+    value = table.get(key)
+    if isinstance(value, str):
+        return (_string(table, key, source, where),)
+    if isinstance(value, list) and value and all(isinstance(v, str) and v.strip() for v in value):
+        return tuple(value)
+    raise ConfigError(
+        f"{where}.{key} must be a string or a list of strings, not {value!r}",
+        details={"config": source, "next": "give the text, or its alternatives in order"},
+    )
+
+
+def _since(table: dict[str, Any], where: str, source: str) -> str:
+    value = table.get("since", "")
+    if value and release_key(value) is None:
+        raise ConfigError(
+            f'{where}.since must be a vLLM release such as "0.29.0", not {value!r}',
+            details={"config": source},
+        )
+    return str(value)
+
+
+def release_key(version: Any) -> tuple[int, ...] | None:
+    """``"0.29.0"`` -> ``(0, 29, 0)``, for ordering releases; a local or pre-release
+    suffix is ignored (``0.30.0rc1`` orders as 0.30.0). None if not a version."""
+    if not isinstance(version, str):
+        return None
+    match = re.match(r"(\d+(?:\.\d+)*)", version.strip())
+    return tuple(int(p) for p in match.group(1).split(".")) if match else None
 
 
 def _check_keys(table: dict[str, Any], allowed: set[str], where: str, source: str) -> None:

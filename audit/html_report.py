@@ -148,6 +148,11 @@ def render_region(results: AuditResults, region: RegionResult) -> str:
         '<p><a href="../index.html">← all regions</a></p>',
         f"<h1>Region {escape(region.name)}</h1>",
         f'<p class="meta">{escape(region.description)}</p>',
+        *(
+            f'<p class="meta">Absent in vLLM {escape(results.vllm_version)} (not yet in this '
+            f"release): {escape(part)}</p>"
+            for part in region.absent
+        ),
         f'<p class="meta">Score <strong>{percent_text(region.tally.score)}</strong>: '
         f"{_denominator(region.tally)}. Lines {fraction_text(region.lines)}, branches "
         f"{fraction_text(region.branches)} covered by the baseline.</p>",
@@ -223,6 +228,13 @@ def _denominator(tally: Tally) -> str:
     )
 
 
+def _absent_note(region: RegionResult) -> str:
+    if not region.absent:
+        return ""
+    count = len(region.absent)
+    return f" <em>({count} part{'s' if count != 1 else ''} absent in this release)</em>"
+
+
 def _region_table(regions: Iterable[RegionResult]) -> str:
     rows = []
     for region in regions:
@@ -237,7 +249,7 @@ def _region_table(regions: Iterable[RegionResult]) -> str:
             f'<td class="num">{t.no_tests}</td><td class="num">{t.error}</td>'
             f'<td class="num">{fraction_text(region.lines)}</td>'
             f'<td class="num">{fraction_text(region.branches)}</td>'
-            f"<td>{escape(region.description)}</td></tr>"
+            f"<td>{escape(region.description)}{_absent_note(region)}</td></tr>"
         )
     return (
         "<table><thead><tr><th>region</th><th class=num>score</th>"

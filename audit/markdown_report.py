@@ -34,6 +34,11 @@ def render_summary(results: AuditResults, previous: AuditResults | None = None) 
         _score_table(results, previous),
         "",
     ]
+    absent = [(r.name, part) for r in results.regions for part in r.absent]
+    if absent:
+        lines += [f"Absent in vLLM {_cell(results.vllm_version)} (not yet in this release):", ""]
+        lines += [f"- {_cell(name)}: {_cell(part)}" for name, part in absent]
+        lines.append("")
     if previous is not None:
         lines += _changes(results, previous)
     survivors = results.survivors()

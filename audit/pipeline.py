@@ -124,7 +124,7 @@ def prepare(
         installed_path=before.path,
         sha256=environment.sha256_file(path),
     )
-    regions = resolve_regions(text, config.regions, filename=str(path))
+    regions = resolve_regions(text, config.regions, filename=str(path), version=vllm.version)
     return Prepared(
         config,
         vllm,

@@ -10,10 +10,12 @@ not found.
 from __future__ import annotations
 
 import ast
+import difflib
+import keyword
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from audit.config import RegionSpec, Selection, StatementSelector
+from audit.config import RegionSpec, Selection, StatementSelector, release_key
 from audit.errors import ConfigError, RegionUnresolved
 
 FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
@@ -34,10 +36,24 @@ class Span:
 
 
 @dataclass(frozen=True, slots=True)
+class Absent:
+    """A part of a region this release does not have yet (its ``since`` is later)."""
+
+    function: str
+    anchor: str  # "" for a whole function
+    since: str
+
+    def __str__(self) -> str:
+        what = f"{self.function}: {self.anchor}" if self.anchor else self.function
+        return f"{what} (since vLLM {self.since})"
+
+
+@dataclass(frozen=True, slots=True)
 class Region:
     name: str
     description: str
     spans: tuple[Span, ...]
+    absent: tuple[Absent, ...] = ()
 
     @property
     def functions(self) -> tuple[str, ...]:
@@ -49,13 +65,151 @@ class Region:
 
 
 def resolve_regions(
-    source: str, specs: Iterable[RegionSpec], *, filename: str
+    source: str, specs: Iterable[RegionSpec], *, filename: str, version: str | None = None
 ) -> tuple[Region, ...]:
-    """Resolve every region spec against ``source``; regions must not overlap."""
+    """Resolve every region spec against ``source`` (of vLLM ``version``, when known);
+    regions must not overlap.
+
+    Every anchor is tried before anything is reported, so one error lists all that do
+    not resolve, each with the closest code this source has (exit 6)."""
     tree = ast.parse(source, filename=filename)
-    regions = tuple(_resolve_region(tree, spec, filename) for spec in specs)
+    resolver = _Resolver(tree, version)
+    regions = tuple(resolver.region(spec) for spec in specs)
+    if resolver.problems:
+        count = len(resolver.problems)
+        release = f" (vLLM {version})" if version else ""
+        details = {f"anchor {n}": problem for n, problem in enumerate(resolver.problems, 1)}
+        details["next"] = (
+            "add this release's text as an alternative (function = [...] or "
+            'match = [...]), or since = "VERSION" for code a release does not have yet; '
+            'see DESIGN.md, "Regions that follow the code"'
+        )
+        raise RegionUnresolved(
+            f"{count} region anchor{'s' if count != 1 else ''} do{'es' if count == 1 else ''}"
+            f" not resolve in {filename}{release}",
+            details=details,
+        )
     _check_disjoint(regions, filename)
     return regions
+
+
+class _Resolver:
+    """Resolves regions against one module, collecting what does not resolve."""
+
+    def __init__(self, tree: ast.Module, version: str | None) -> None:
+        self.tree = tree
+        self.release = release_key(version) if version else None
+        self.problems: list[str] = []
+
+    def region(self, spec: RegionSpec) -> Region:
+        spans: list[Span] = []
+        absent: list[Absent] = []
+        for selection in spec.selections:
+            found = next(
+                (
+                    (name, node)
+                    for name in selection.names
+                    if (node := find_function(self.tree, name)) is not None
+                ),
+                None,
+            )
+            if found is None:
+                if self._not_yet(selection.since):
+                    absent.append(Absent(selection.function, "", selection.since))
+                else:
+                    self.problems.append(self._no_function(spec.name, selection))
+                continue
+            name, function = found
+            spans.extend(self._select(function, name, selection, spec.name, absent))
+        return Region(spec.name, spec.description, _merge(spans), tuple(absent))
+
+    def _select(
+        self,
+        function: FunctionNode,
+        name: str,
+        selection: Selection,
+        region: str,
+        absent: list[Absent],
+    ) -> list[Span]:
+        body = _without_docstring(function.body)
+        if not selection.statements:
+            return [Span(name, body[0].lineno, _end(body[-1]), "")]
+        spans: list[Span] = []
+        for selector in selection.statements:
+            anchor, matches = next(
+                (
+                    (anchor, found)
+                    for anchor in selector.anchors
+                    if (
+                        found := _outermost(
+                            s for s in walk_statements(body) if _matches(s, selector, anchor)
+                        )
+                    )
+                ),
+                (selector.match, []),
+            )
+            if matches:
+                spans.extend(_span(stmt, selector, name, anchor) for stmt in matches)
+            elif self._not_yet(selector.since):
+                absent.append(Absent(name, selector.match, selector.since))
+            else:
+                self.problems.append(_no_statement(region, name, function, selector))
+        return spans
+
+    def _not_yet(self, since: str) -> bool:
+        """True if this release predates ``since`` (the part is absent, not broken)."""
+        introduced = release_key(since) if since else None
+        return introduced is not None and self.release is not None and self.release < introduced
+
+    def _no_function(self, region: str, selection: Selection) -> str:
+        tried = " or ".join(selection.names)
+        qualnames = list(_qualnames(self.tree))
+        best = max(qualnames, key=lambda q: _likeness(selection.function, q), default=None)
+        closest = ""
+        if best is not None:
+            node = find_function(self.tree, best)
+            closest = f"; closest: {best} (line {node.lineno if node else '?'})"
+        return f"{region}: no function {tried}{closest}"
+
+
+def _no_statement(
+    region: str, name: str, function: FunctionNode, selector: StatementSelector
+) -> str:
+    tried = " or ".join(repr(a) for a in selector.anchors)
+    also = f" containing {selector.containing!r}" if selector.containing else ""
+    statements = list(walk_statements(_without_docstring(function.body)))
+    headers = {id(s): ast.unparse(s).split("\n", 1)[0] for s in statements}
+    best = max(statements, key=lambda s: _likeness(selector.match, headers[id(s)]))
+    header = headers[id(best)]
+    if len(header) > 90:
+        header = header[:87] + "..."
+    return (
+        f"{region}: no statement matching {tried}{also} in {name} (line {function.lineno}); "
+        f"closest: {header!r} (line {best.lineno})"
+    )
+
+
+def _likeness(wanted: str, candidate: str) -> float:
+    """How alike two texts are (0-1), plus 1 when both open with the same keyword
+    (``for``, ``if``, ...): a moved loop is likelier the loop than any assignment."""
+    ratio = difflib.SequenceMatcher(None, _normalise(wanted), _normalise(candidate)).ratio()
+    return ratio + (_keyword(wanted) is not None and _keyword(wanted) == _keyword(candidate))
+
+
+def _keyword(text: str) -> str | None:
+    word = text.strip().split(" ", 1)[0].rstrip(":")
+    return word if keyword.iskeyword(word) else None
+
+
+def _qualnames(tree: ast.Module) -> Iterator[str]:
+    """``Class.method`` and top-level function names of a module."""
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            yield node.name
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                    yield f"{node.name}.{item.name}"
 
 
 def find_function(tree: ast.Module, qualname: str) -> FunctionNode | None:
@@ -86,57 +240,19 @@ def statement_text(stmt: ast.stmt) -> str:
     return _normalise(text)
 
 
-def _resolve_region(tree: ast.Module, spec: RegionSpec, filename: str) -> Region:
-    spans: list[Span] = []
-    for selection in spec.selections:
-        function = find_function(tree, selection.function)
-        if function is None:
-            raise RegionUnresolved(
-                f"region {spec.name!r}: function {selection.function!r} not found",
-                details={
-                    "source": filename,
-                    "next": "update the region's 'function' to the function's current "
-                    "qualified name (Class.method)",
-                },
-            )
-        spans.extend(_select(function, selection, spec.name, filename))
-    return Region(name=spec.name, description=spec.description, spans=_merge(spans))
-
-
-def _select(function: FunctionNode, selection: Selection, region: str, filename: str) -> list[Span]:
-    body = _without_docstring(function.body)
-    if not selection.statements:
-        return [Span(selection.function, body[0].lineno, _end(body[-1]), "")]
-    spans: list[Span] = []
-    for selector in selection.statements:
-        matches = _outermost(stmt for stmt in walk_statements(body) if _matches(stmt, selector))
-        if not matches:
-            also = f" containing {selector.containing!r}" if selector.containing else ""
-            raise RegionUnresolved(
-                f"region {region!r}: no statement matching {selector.match!r}{also} "
-                f"in {selection.function}",
-                details={
-                    "source": f"{filename}:{function.lineno}",
-                    "next": "the code changed: update the anchor in the region's 'statements'",
-                },
-            )
-        spans.extend(_span(stmt, selector, selection.function) for stmt in matches)
-    return spans
-
-
-def _matches(stmt: ast.stmt, selector: StatementSelector) -> bool:
-    if _normalise(selector.match) not in statement_text(stmt):
+def _matches(stmt: ast.stmt, selector: StatementSelector, anchor: str) -> bool:
+    if _normalise(anchor) not in statement_text(stmt):
         return False
     return not selector.containing or _normalise(selector.containing) in _normalise(
         ast.unparse(stmt)
     )
 
 
-def _span(stmt: ast.stmt, selector: StatementSelector, function: str) -> Span:
+def _span(stmt: ast.stmt, selector: StatementSelector, function: str, anchor: str) -> Span:
     body = _body_of(stmt)
     if selector.part == "header" and body:
-        return Span(function, stmt.lineno, max(stmt.lineno, body[0].lineno - 1), selector.match)
-    return Span(function, stmt.lineno, _end(stmt), selector.match)
+        return Span(function, stmt.lineno, max(stmt.lineno, body[0].lineno - 1), anchor)
+    return Span(function, stmt.lineno, _end(stmt), anchor)
 
 
 def walk_statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:

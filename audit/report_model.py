@@ -91,6 +91,7 @@ class RegionResult:
     branches: Fraction
     missed_lines: tuple[int, ...]
     killed_by_vllm: int = 0  # killed by a test of vLLM's own suite
+    absent: tuple[str, ...] = ()  # parts this release does not have yet
 
     @property
     def vllm_score(self) -> float | None:
@@ -259,6 +260,7 @@ def _region(name: str, body: Fields, recomputed: tuple[Tally, int]) -> RegionRes
         branches=_fraction(body, "branches"),
         missed_lines=tuple(count(n, w) for w, n in _items(body, "missed_lines")),
         killed_by_vllm=recomputed[1],
+        absent=body.texts("absent", optional=True),
     )
     body.count("tests", 0)  # how many baseline tests touch the region (not shown)
     body.close()

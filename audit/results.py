@@ -17,6 +17,8 @@ audit.json format history:
   Status ``equivalent`` (a reviewed survivor, outside the score) with the mutant's
   ``equivalence`` reason; ``equivalents`` lists each record of mutants/equivalents.toml
   with its state (applied, expired, killed, not survived, absent).
+  Per region, ``absent``: the parts of the region this vLLM release does not have yet
+  (a selection whose ``since`` is later), each as text; absent when there are none.
   ``incomplete``: ``{"judged": N, "of": M}`` for an interrupted run, whose file holds
   only the N mutants judged so far; absent for a complete run. Every count and score is
   recomputed from the mutants on read (:mod:`audit.results_schema`): a file whose stored
@@ -109,6 +111,7 @@ def write_audit(
     reasons = {e["id"]: e["reason"] for e in equivalents or () if e["state"] == "applied"}
     overall = Tally.of(verdicts[m.id].status for m in mutants)
     by_name = {c.name: c for c in coverage}
+    absent = {r.name: [str(part) for part in r.absent] for r in regions if r.absent}
     test_ids = sorted(set(coverage_map.durations) | {t for m in mutants for t in m.covered_by})
     document = {
         "format": AUDIT_FORMAT,
@@ -123,6 +126,7 @@ def write_audit(
         "regions": {
             name: {
                 **_region(by_name.get(name)),
+                **({"absent": absent[name]} if name in absent else {}),
                 **_score(tally),
                 "killed_by_vllm": _by_vllm((m for m in mutants if m.region == name), verdicts),
             }

@@ -59,6 +59,40 @@ statements = ["x = 1", { match = "if y", part = "header", containing = "z" }]
     assert selectors[1].containing == "z"
 
 
+def test_alternatives_and_since_parse(tmp_path: Path) -> None:
+    path = write_pyproject(
+        tmp_path,
+        """
+[[tool.fence-audit.regions.r.select]]
+function = ["C._meta", "C.meta"]
+since = "0.29.0"
+statements = [{ match = ["for a in b", "for c in d"], since = "0.30.0" }]
+""",
+    )
+    (selection,) = load_config(path).regions[0].selections
+    assert selection.names == ("C._meta", "C.meta")
+    assert selection.since == "0.29.0"
+    assert selection.statements[0].anchors == ("for a in b", "for c in d")
+    assert selection.statements[0].since == "0.30.0"
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('function = []\nsince = "0.29.0"', "must be a string or a list of strings"),
+        ('function = ["f", 3]', "must be a string or a list of strings"),
+        ('function = "f"\nsince = "soon"', "since must be a vLLM release"),
+    ],
+)
+def test_bad_alternatives_or_since_are_usage_errors(
+    tmp_path: Path, line: str, message: str
+) -> None:
+    path = write_pyproject(tmp_path, f"[[tool.fence-audit.regions.r.select]]\n{line}\n")
+    with pytest.raises(ConfigError, match=message) as info:
+        load_config(path)
+    assert info.value.exit_code == ExitCode.USAGE
+
+
 def test_unknown_key_is_an_error_naming_key_and_file(tmp_path: Path) -> None:
     path = write_pyproject(tmp_path, '[tool.fence-audit]\nvllm_version = "0.33.0"\n')
     with pytest.raises(ConfigError) as info:

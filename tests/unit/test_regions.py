@@ -79,22 +79,66 @@ def test_anchor_whitespace_and_formatting_do_not_matter() -> None:
     assert (region.spans[0].start, region.spans[0].end) == (16, 17)
 
 
-def test_unknown_function_names_region_and_function() -> None:
+def test_unknown_function_names_region_function_and_closest() -> None:
     with pytest.raises(RegionUnresolved) as info:
-        resolve_regions(SOURCE, [spec("flush", Selection("Sched.missing"))], filename="s.py")
-    assert "'flush'" in info.value.summary
-    assert "Sched.missing" in info.value.summary
+        resolve_regions(SOURCE, [spec("flush", Selection("Sched.buildd"))], filename="s.py")
+    message = info.value.render()
+    assert info.value.summary == "1 region anchor does not resolve in s.py"
+    assert "flush: no function Sched.buildd; closest: Sched.build (line 11)" in message
     assert info.value.exit_code == ExitCode.REGION_UNRESOLVED
 
 
-def test_unmatched_anchor_names_region_function_and_anchor() -> None:
-    selection = Selection("Sched.build", (StatementSelector("self.fence.clear()"),))
+def test_unmatched_anchor_names_region_function_anchor_and_closest() -> None:
+    selection = Selection("Sched.build", (StatementSelector("for bid in fenced_ids"),))
     with pytest.raises(RegionUnresolved) as info:
         resolve_regions(SOURCE, [spec("removal", selection)], filename="s.py")
     message = info.value.render()
-    assert "'removal'" in message
-    assert "Sched.build" in message
-    assert "self.fence.clear()" in message
+    assert "removal: no statement matching 'for bid in fenced_ids' in Sched.build" in message
+    # the closest statement of that function, of the same kind (a loop), with its line
+    assert "closest: 'for bid in fenced:' (line 20)" in message
+
+
+def test_every_unresolved_anchor_is_listed_at_once() -> None:
+    specs = [
+        spec("a", Selection("Sched.gone")),
+        spec("b", Selection("Sched.build", (StatementSelector("x = 1"), StatementSelector("y"),))),
+        spec("c", Selection("Sched.remove", (StatementSelector("del self.fence[bid]"),))),
+    ]
+    with pytest.raises(RegionUnresolved) as info:
+        resolve_regions(SOURCE, specs, filename="s.py", version="0.28.0")
+    assert info.value.summary == "3 region anchors do not resolve in s.py (vLLM 0.28.0)"
+    listed = [v for k, v in info.value.details.items() if k.startswith("anchor ")]
+    assert [line.split(":", 1)[0] for line in listed] == ["a", "b", "b"]
+    assert "since" in info.value.details["next"]
+
+
+def test_alternatives_are_tried_in_order() -> None:
+    selection = Selection(
+        "Sched.prune",
+        (StatementSelector("self.fence.clear()", alternatives=("for bid in fenced", "return")),),
+        alternatives=("Sched.build",),
+    )
+    (region,) = resolve_regions(SOURCE, [spec("r", selection)], filename="s")
+    assert [(s.function, s.start, s.anchor) for s in region.spans] == [
+        ("Sched.build", 20, "for bid in fenced")
+    ]
+
+
+def test_a_part_introduced_later_is_absent_before_its_release_and_an_error_after() -> None:
+    later = Selection("Sched.build", (StatementSelector("self.jobs[j] = 1", since="0.29.0"),))
+    gone = Selection("Sched.aligned", since="0.29.0")
+    whole = Selection("Sched.remove")
+    specs = [spec("r", whole, later, gone)]
+    (region,) = resolve_regions(SOURCE, specs, filename="s", version="0.28.0")
+    assert [str(a) for a in region.absent] == [
+        "Sched.build: self.jobs[j] = 1 (since vLLM 0.29.0)",
+        "Sched.aligned (since vLLM 0.29.0)",
+    ]
+    assert region.functions == ("Sched.remove",)
+    with pytest.raises(RegionUnresolved, match="2 region anchors"):
+        resolve_regions(SOURCE, specs, filename="s", version="0.29.0")
+    with pytest.raises(RegionUnresolved, match="2 region anchors"):
+        resolve_regions(SOURCE, specs, filename="s", version="0.30.0rc1")
 
 
 def test_overlapping_regions_are_rejected() -> None:
