@@ -148,6 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="catalogue of hand-written mutants: `check` validates every entry, runs no test",
     )
     catalogue_cmd.add_argument("action", choices=("check",), help="check: apply, compile, compare")
+    catalogue_cmd.add_argument(
+        "--release",
+        metavar="VERSION",
+        help="check against vLLM VERSION's sdist (downloaded once, cached), not installed",
+    )
     bench = commands.add_parser(
         "bench",
         parents=[common],

@@ -21,8 +21,9 @@ import types
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, overload
 
+from audit.config import RegionSpec, release_key
 from audit.errors import ConfigError
 from audit.inputs import read_toml
 from audit.model import Mutant
@@ -46,6 +47,8 @@ _ENTRY_KEYS = {
     "expected",
     "history",
     "module",
+    "since",
+    "carried-when",
     "change",
 }
 _CHANGE_KEYS = {"function", "statement", "action", "old", "new", "after", "occurrence"}
@@ -62,6 +65,27 @@ class Change:
     new: str = ""  # edit: its replacement; replace/insert_*: the new statement(s)
     after: str = ""  # move_after: anchor of the statement to move it after
     occurrence: int = 0  # 1-based, when the anchor matches several statements; 0: unique
+    # the anchors as other releases write them, tried in order after the first
+    statement_alternatives: tuple[str, ...] = ()
+    after_alternatives: tuple[str, ...] = ()
+
+    @property
+    def statements(self) -> tuple[str, ...]:
+        return (self.statement, *self.statement_alternatives)
+
+    @property
+    def afters(self) -> tuple[str, ...]:
+        return (self.after, *self.after_alternatives)
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """How an older release wrote the bug: ``statement`` in ``function`` (after the
+    statement ``after``, when given). Where it holds, the release carries the bug."""
+
+    function: str
+    statement: str
+    after: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +101,8 @@ class Entry:
     changes: tuple[Change, ...]
     path: Path
     module: str = ""  # dotted module the change applies to; "": the audited target
+    since: str = ""  # the vLLM release that brought the code it changes; "": any
+    carried_when: Shape | None = None  # the bug as older releases wrote it
 
     @property
     def mutant_id(self) -> str:
@@ -85,6 +111,22 @@ class Entry:
 
 @dataclass(frozen=True, slots=True)
 class Stale:
+    entry: Entry
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Carried:
+    """The release already has the entry's code: it *carries this bug*. Nothing to judge."""
+
+    entry: Entry
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class NotYet:
+    """The code the entry changes came in a later release (the entry's ``since``)."""
+
     entry: Entry
     reason: str
 
@@ -162,6 +204,8 @@ def load_entry(path: Path) -> Entry:
         changes=parsed,
         path=path,
         module=str(data.get("module", "")),
+        since=_release(data, where),
+        carried_when=_shape(data.get("carried-when"), where),
     )
 
 
@@ -184,19 +228,69 @@ def _change(data: object, where: str) -> Change:
         "move_after": ("after",),
     }.get(action, ())
     for key in needs:
-        _text(data, key, where)
+        if key != "after":
+            _text(data, key, where)
     occurrence = data.get("occurrence", 0)
     if not isinstance(occurrence, int) or occurrence < 0:
         raise ConfigError("occurrence must be a whole number >= 1", details={"file": where})
+    statements = _texts(data, "statement", where)
+    afters = _texts(data, "after", where) if action == "move_after" else ("",)
     return Change(
         function=_text(data, "function", where),
-        statement=_text(data, "statement", where),
+        statement=statements[0],
         action=action,  # type: ignore[arg-type]
         old=str(data.get("old", "")),
         new=str(data.get("new", "")),
-        after=str(data.get("after", "")),
+        after=afters[0],
         occurrence=occurrence,
+        statement_alternatives=statements[1:],
+        after_alternatives=afters[1:],
     )
+
+
+def _texts(data: Mapping[str, object], key: str, where: str) -> tuple[str, ...]:
+    """An anchor: a string, or a list of them tried in order (as releases write it)."""
+    value = data.get(key)
+    if isinstance(value, list) and value and all(isinstance(v, str) and v.strip() for v in value):
+        return tuple(value)
+    if isinstance(value, list):
+        raise ConfigError(f"{key!r} must be a non-empty list of strings", details={"file": where})
+    return (_text(data, key, where),)
+
+
+def _shape(data: object, where: str) -> Shape | None:
+    if data is None:
+        return None
+    if not isinstance(data, dict):
+        raise ConfigError("carried-when must be a table", details={"file": where})
+    _keys(data, {"function", "statement", "after"}, f"{where} [carried-when]")
+    return Shape(
+        function=_text(data, "function", where),
+        statement=_text(data, "statement", where),
+        after=str(data.get("after", "")),
+    )
+
+
+def _release(data: Mapping[str, object], where: str) -> str:
+    value = data.get("since", "")
+    if value and release_key(value) is None:
+        raise ConfigError(
+            f'since = {value!r}: must be a vLLM release such as "0.29.0"',
+            details={"file": where},
+        )
+    return str(value)
+
+
+def function_aliases(specs: Iterable[RegionSpec]) -> dict[str, tuple[str, ...]]:
+    """Each function a region selection names, with the names it has in other releases
+    (the selection's alternatives): an entry written for one release finds its
+    function in the others without its own list."""
+    return {
+        name: selection.names
+        for spec in specs
+        for selection in spec.selections
+        for name in selection.names
+    }
 
 
 def _keys(data: Mapping[str, object], allowed: set[str], where: str) -> None:
@@ -222,41 +316,155 @@ class _Stale(Exception):
     """Why an entry does not apply to this source."""
 
 
-def apply_entry(entry: Entry, source: str, filename: str) -> Applied | Stale:
-    """The entry's edits on ``source``, checked: they apply, compile and change the code."""
+def apply_entry(
+    entry: Entry,
+    source: str,
+    filename: str,
+    *,
+    version: str | None = None,
+    aliases: Mapping[str, tuple[str, ...]] | None = None,
+) -> Applied | Stale | Carried | NotYet:
+    """The entry's edits on ``source`` (of vLLM ``version``, when known), checked: they
+    apply, compile and change the code. ``aliases`` give a function's names in other
+    releases (:func:`function_aliases`).
+
+    Before the entry's ``since`` it is :class:`NotYet`. When the release already has
+    the code every change would write, or does not take the change but has the bug's
+    older shape (``carried-when``), it is :class:`Carried`: the release has the bug."""
+    outcome = _apply(entry, source, filename, version, aliases or {})
+    if isinstance(outcome, Stale | NotYet) and entry.carried_when is not None:
+        shape = _has_shape(entry.carried_when, source, filename, aliases or {})
+        if shape:
+            return Carried(entry, shape)
+    return outcome
+
+
+def _has_shape(
+    shape: Shape, source: str, filename: str, aliases: Mapping[str, tuple[str, ...]]
+) -> str:
+    """Why ``source`` has the bug's older shape ("" if it has not)."""
+    tree, _ = _original(source, filename)
+    lines = source.splitlines()
+    try:
+        name, function = _function(Change(shape.function, shape.statement, "delete"), tree, aliases)
+        stmt = _find_statement(function, shape.statement, 0, name, lines)
+        if not shape.after:
+            return f"{name} has {_first(lines[stmt.lineno - 1])!r}"
+        after = _find_statement(function, shape.after, 0, name, lines)
+    except _Stale:
+        return ""
+    if stmt.lineno <= (after.end_lineno or after.lineno):
+        return ""
+    return (
+        f"in {name}, {_first(lines[stmt.lineno - 1])!r} comes after "
+        f"{_first(lines[after.lineno - 1])!r}"
+    )
+
+
+def _apply(
+    entry: Entry,
+    source: str,
+    filename: str,
+    version: str | None,
+    aliases: Mapping[str, tuple[str, ...]],
+) -> Applied | Stale | Carried | NotYet:
+    if entry.since and version and (release_key(version) or ()) < (release_key(entry.since) or ()):
+        return NotYet(entry, f"the code it changes came in vLLM {entry.since}")
     try:
         tree, _ = _original(source, filename)
         lines = source.splitlines()
         edits: list[LineEdit] = []
         touched: set[int] = set()
+        functions: list[str] = []
+        carried: list[str] = []
         for change in entry.changes:
-            change_edits, change_lines = _edits(change, tree, lines)
+            name, function = _function(change, tree, aliases)
+            functions.append(name)
+            already = _already_there(change, function, name, lines)
+            if already:
+                carried.append(already)
+                continue
+            change_edits, change_lines = _edits(change, function, name, lines)
             edits.extend(change_edits)
             touched.update(change_lines)
+        if carried and len(carried) == len(entry.changes):
+            return Carried(entry, "; ".join(carried))
+        if carried:
+            raise _Stale(f"only some of its changes are already in this release: {carried[0]}")
         _check_disjoint(edits)
         mutated = apply_edits(source, tuple(edits))
-        functions = {change.function for change in entry.changes}
-        _check_changes_code(source, mutated, functions, filename)
+        _check_changes_code(source, mutated, set(functions), filename)
     except _Stale as why:
         return Stale(entry, str(why))
     return Applied(
         entry=entry,
         edits=tuple(edits),
         changed_lines=tuple(sorted(touched)),
-        function=entry.changes[0].function,
+        function=functions[0],
         line=min(touched),
     )
 
 
+def _function(
+    change: Change, tree: ast.Module, aliases: Mapping[str, tuple[str, ...]]
+) -> tuple[str, FunctionNode]:
+    names = aliases.get(change.function, (change.function,))
+    if change.function not in names:
+        names = (change.function, *names)
+    for name in names:
+        function = find_function(tree, name)
+        if function is not None:
+            return name, function
+    raise _Stale(f"function {' or '.join(names)} not found")
+
+
+def _already_there(change: Change, function: FunctionNode, name: str, lines: list[str]) -> str:
+    """Why the release already has what ``change`` would write ("" if it has not).
+
+    A move whose statement already sits right after its new place; an edit whose statement
+    already reads ``new`` and not ``old``; a replacement the function already holds;
+    an insertion already beside its anchor. A deletion is never carried: a statement
+    that is missing may as well have moved."""
+    if change.action == "delete":
+        return ""
+    if change.action == "replace":
+        if _find_any(function, change.statements, change.occurrence, name, lines, quiet=True):
+            return ""
+        new = _squash(change.new)
+        holder = next(
+            (s for s in walk_statements(function.body) if new in _text_of(s, lines)), None
+        )
+        return f"{name} already has {_first(change.new)!r}" if holder else ""
+    stmt = _find_any(function, change.statements, change.occurrence, name, lines)
+    if change.action == "edit":
+        text = _text_of(stmt, lines)
+        if _squash(change.old) not in text and change.new and _squash(change.new) in text:
+            line = stmt.lineno - function.lineno
+            return f"the statement at {name} line {line} already reads {change.new!r}"
+        return ""
+    siblings = _siblings(function, stmt)
+    if change.action == "move_after":
+        target = _find_any(function, change.afters, 0, name, lines)
+        index = next(i for i, s in enumerate(siblings) if s is stmt)
+        if index > 0 and siblings[index - 1] is target:
+            return (
+                f"{_first(lines[stmt.lineno - 1])!r} already comes right after "
+                f"{_first(lines[target.lineno - 1])!r} in {name}"
+            )
+        return ""
+    index = next(i for i, s in enumerate(siblings) if s is stmt)
+    beside = index - 1 if change.action == "insert_before" else index + 1
+    if 0 <= beside < len(siblings) and _text_of(siblings[beside], lines) == _squash(change.new):
+        return f"{name} already has {_first(change.new)!r} beside the anchor"
+    return ""
+
+
 def _edits(
-    change: Change, tree: ast.Module, lines: list[str]
+    change: Change, function: FunctionNode, name: str, lines: list[str]
 ) -> tuple[list[LineEdit], range | list[int]]:
     """The line edits of one change, and the original lines whose behaviour it touches
     (the anchor statement's; for a move, the destination's too): their tests judge it."""
-    function = find_function(tree, change.function)
-    if function is None:
-        raise _Stale(f"function {change.function} not found")
-    stmt = _find_statement(function, change.statement, change.occurrence, change.function, lines)
+    stmt = _find_any(function, change.statements, change.occurrence, name, lines)
     start, end = stmt.lineno, stmt.end_lineno or stmt.lineno
     touched = range(start, end + 1)
     indent = _indent(lines[start - 1])
@@ -274,12 +482,12 @@ def _edits(
         if count != 1:
             raise _Stale(
                 f"{change.old!r} occurs {count} times in the statement at "
-                f"{change.function} line {start - function.lineno}, not once"
+                f"{name} line {start - function.lineno}, not once"
             )
         new = tuple(text.replace(change.old, change.new).split("\n"))
         return [LineEdit(start, end, new)], touched
     # move_after
-    target = _find_statement(function, change.after, 0, change.function, lines)
+    target = _find_any(function, change.afters, 0, name, lines)
     target_end = target.end_lineno or target.lineno
     if start <= target.lineno <= end or target.lineno <= start <= target_end:
         raise _Stale("move_after: the statement and its new place overlap")
@@ -289,6 +497,70 @@ def _edits(
         LineEdit(target_end + 1, target_end, _block(moved, _indent(lines[target.lineno - 1]))),
     ]
     return edits, [*touched, *range(target.lineno, target_end + 1)]
+
+
+@overload
+def _find_any(
+    function: FunctionNode,
+    anchors: tuple[str, ...],
+    occurrence: int,
+    qualname: str,
+    lines: list[str],
+    quiet: Literal[False] = False,
+) -> ast.stmt: ...
+@overload
+def _find_any(
+    function: FunctionNode,
+    anchors: tuple[str, ...],
+    occurrence: int,
+    qualname: str,
+    lines: list[str],
+    quiet: Literal[True],
+) -> ast.stmt | None: ...
+def _find_any(
+    function: FunctionNode,
+    anchors: tuple[str, ...],
+    occurrence: int,
+    qualname: str,
+    lines: list[str],
+    quiet: bool = False,
+) -> ast.stmt | None:
+    """The statement of the first anchor that finds one; the first anchor's reason if
+    none does (or None, ``quiet``)."""
+    first: _Stale | None = None
+    for anchor in anchors:
+        try:
+            return _find_statement(function, anchor, occurrence, qualname, lines)
+        except _Stale as why:
+            first = first or why
+    if quiet:
+        return None
+    assert first is not None
+    raise first
+
+
+def _text_of(stmt: ast.stmt, lines: list[str]) -> str:
+    return _squash("".join(lines[stmt.lineno - 1 : stmt.end_lineno]))
+
+
+def _squash(text: str) -> str:
+    return "".join(text.split())
+
+
+def _first(text: str) -> str:
+    return text.strip().split("\n", 1)[0]
+
+
+def _siblings(function: FunctionNode, stmt: ast.stmt) -> list[ast.stmt]:
+    """The statement list that holds ``stmt``."""
+    for node in [function, *walk_statements(function.body)]:
+        for block in (getattr(node, f, None) for f in ("body", "orelse", "finalbody")):
+            if isinstance(block, list) and any(s is stmt for s in block):
+                return block
+        for handler in getattr(node, "handlers", []):
+            if any(s is stmt for s in handler.body):
+                return list(handler.body)
+    return [stmt]
 
 
 def _find_statement(
@@ -391,6 +663,8 @@ class CatalogueMutants:
     mutants: tuple[Mutant, ...]
     stale: tuple[Stale, ...]
     entries: Mapping[str, Entry]  # by mutant id
+    carried: tuple[Carried, ...] = ()  # bugs this release already has
+    not_yet: tuple[NotYet, ...] = ()  # entries for code of later releases
 
 
 def outside_region(entry: Entry, applied: Applied, functions: tuple[str, ...]) -> Stale | None:
@@ -416,6 +690,9 @@ def build_catalogue_mutants(
     lines_to_tests: Mapping[int, tuple[str, ...]],
     other_modules: Mapping[str, Path] | None = None,
     all_tests: Iterable[str] = (),
+    *,
+    version: str | None = None,
+    aliases: Mapping[str, tuple[str, ...]] | None = None,
 ) -> CatalogueMutants:
     """Apply every entry of the named regions; the rest are skipped, stale ones kept.
 
@@ -430,6 +707,8 @@ def build_catalogue_mutants(
     functions = {region.name: region.functions for region in regions}
     mutants: list[Mutant] = []
     stale: list[Stale] = []
+    carried: list[Carried] = []
+    not_yet: list[NotYet] = []
     by_id: dict[str, Entry] = {}
     everything = tuple(sorted(all_tests))
     for entry in entries:
@@ -444,9 +723,15 @@ def build_catalogue_mutants(
                 continue
         text = module_path.read_text(encoding="utf-8") if module_path else source
         name = str(module_path) if module_path else filename
-        applied = apply_entry(entry, text, name)
+        applied = apply_entry(entry, text, name, version=version, aliases=aliases)
         if isinstance(applied, Stale):
             stale.append(applied)
+            continue
+        if isinstance(applied, Carried):
+            carried.append(applied)
+            continue
+        if isinstance(applied, NotYet):
+            not_yet.append(applied)
             continue
         outside = outside_region(entry, applied, functions[entry.region])
         if outside is not None:
@@ -473,4 +758,4 @@ def build_catalogue_mutants(
                 path=str(module_path) if module_path else "",
             )
         )
-    return CatalogueMutants(tuple(mutants), tuple(stale), by_id)
+    return CatalogueMutants(tuple(mutants), tuple(stale), by_id, tuple(carried), tuple(not_yet))

@@ -9,7 +9,7 @@ import sys
 import threading
 import traceback
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 
@@ -29,6 +29,7 @@ from audit.gate import GateResult
 from audit.inputs import check_cache_dir
 from audit.jobs import ExecutorOptions
 from audit.model import percent_text
+from audit.regions import resolve_regions
 from audit.report_model import load_results
 from audit.reports import Written
 from audit.results import format_scores
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace) -> ExitCode:
     if args.command in ("report", "gate"):
         return from_results(config, args)
     if args.command == "catalogue":
-        return check_catalogue(config, args.vllm_src)
+        return check_catalogue(config, args.vllm_src, args.release)
     # Every input is checked before the run: a bad one must not cost a download or a baseline.
     gate = thresholds(config, args) if args.command == "mutate" else None
     entries = check_inputs(config, args, gate)
@@ -168,44 +169,77 @@ def check_inputs(
     return entries
 
 
-def check_catalogue(config: Config, vllm_src: Path | None) -> ExitCode:
+def check_catalogue(config: Config, vllm_src: Path | None, release: str | None) -> ExitCode:
     """Apply every entry to the audited source: it must apply, compile and change the
-    named function. No test runs, so this is quick enough for a pre-commit check."""
+    named function, or be carried (the release already has that code) or not yet
+    (its ``since`` is later). No test runs, so this is quick enough for a pre-commit
+    check; ``--release V`` checks vLLM V's sdist without installing it."""
     entries = pipeline.load_entries(config)
-    if vllm_src is not None:
-        path = sources.checkout_source(vllm_src, config.target).target_file(config.target)
-        assert path is not None
-    else:
-        path = environment.installed_file(
-            environment.installed_vllm(config.vllm_version), config.target
-        )
-    source = path.read_text(encoding="utf-8")
-    print(f"fence-audit: catalogue {config.catalogue_dir}: {len(entries)} entries; target {path}")
-    stale = 0
+    version, read = _catalogue_source(config, vllm_src, release)
+    path, source = read(config.target)
+    print(
+        f"fence-audit: catalogue {config.catalogue_dir}: {len(entries)} entries; "
+        f"target {path} (vLLM {version})"
+    )
+    regions = resolve_regions(source, config.regions, filename=path, version=version)
+    functions = {region.name: region.functions for region in regions}
+    aliases = catalogue.function_aliases(config.regions)
+    counts = {"ok": 0, "CARRIED": 0, "NOT YET": 0, "STALE": 0}
     width = max((len(e.id) for e in entries), default=0)
-    functions = {r.name: tuple(n for s in r.selections for n in s.names) for r in config.regions}
     for entry in entries:
-        where, text = path, source
-        if entry.module:  # an entry for another module (the worker's): its installed file
-            where = environment.installed_file(
-                environment.installed_vllm(config.vllm_version), entry.module
-            )
-            text = where.read_text(encoding="utf-8")
-        outcome = catalogue.apply_entry(entry, text, str(where))
+        where, text = read(entry.module) if entry.module else (path, source)
+        outcome = catalogue.apply_entry(entry, text, where, version=version, aliases=aliases)
         if isinstance(outcome, catalogue.Applied):  # its region's functions, or stale
             outcome = catalogue.outside_region(entry, outcome, functions[entry.region]) or outcome
-        if isinstance(outcome, catalogue.Stale):
-            stale += 1
-            print(f"  STALE  {entry.id:<{width}}  {outcome.reason}")
+        if isinstance(outcome, catalogue.Applied):
+            state, why = "ok", f"{entry.region}, line {outcome.line}"
+        elif isinstance(outcome, catalogue.Carried):
+            state, why = "CARRIED", f"this release carries this bug: {outcome.reason}"
+        elif isinstance(outcome, catalogue.NotYet):
+            state, why = "NOT YET", outcome.reason
         else:
-            print(f"  ok     {entry.id:<{width}}  {entry.region}, line {outcome.line}")
+            state, why = "STALE", outcome.reason
+        counts[state] += 1
+        print(f"  {state:<7}  {entry.id:<{width}}  {why}")
     if not entries:
         print("fence-audit: the catalogue is empty")
-    if stale:
-        print(f"fence-audit: {stale} of {len(entries)} entries are STALE; update their anchors")
+    summary = ", ".join(f"{n} {k.lower()}" for k, n in counts.items() if n)
+    if counts["STALE"]:
+        print(f"fence-audit: {summary}; update the anchors of the STALE entries")
         return ExitCode.CATALOGUE_STALE
-    print(f"fence-audit: all {len(entries)} entries apply, compile and change their function")
+    print(f"fence-audit: {summary or 'nothing to check'}; no entry is stale")
     return ExitCode.OK
+
+
+def _catalogue_source(
+    config: Config, vllm_src: Path | None, release: str | None
+) -> tuple[str, Callable[[str], tuple[str, str]]]:
+    """The vLLM version checked, and how to read a module's file name and text: from
+    ``--release``'s sdist, a checkout (its target; other modules installed), or the
+    installed vLLM."""
+    if release is not None:
+        if vllm_src is not None:
+            raise ConfigError(
+                "--release and --vllm-src are two sources for the same code: give one",
+                details={"next": "drop one of them"},
+            )
+
+        def from_sdist(module: str) -> tuple[str, str]:
+            text = sources.sdist_module(
+                release, module, index_url=config.index_url, cache_dir=config.cache_dir
+            )
+            return f"vllm-{release}.tar.gz:{environment.module_relpath(module)}", text
+
+        return release, from_sdist
+    vllm = environment.installed_vllm(config.vllm_version)
+    checkout = sources.checkout_source(vllm_src, config.target) if vllm_src else None
+
+    def installed(module: str) -> tuple[str, str]:
+        path = checkout.target_file(module) if checkout and module == config.target else None
+        path = path or environment.installed_file(vllm, module)
+        return str(path), path.read_text(encoding="utf-8")
+
+    return vllm.version, installed
 
 
 def from_results(config: Config, args: argparse.Namespace) -> ExitCode:

@@ -54,7 +54,7 @@ td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
 #score{font-size:3em;font-weight:700;margin:.1em 0}
 .status{font-weight:600;padding:0 .35em;border-radius:3px;color:#fff;white-space:nowrap}
 .s-killed{background:#2e7d32}.s-survived{background:#c62828}.s-timeout{background:#ef6c00}
-.s-no_tests{background:#9e9e9e}.s-error{background:#6a1b9a}.s-stale{background:#455a64}.s-equivalent{background:#1565c0}
+.s-no_tests{background:#9e9e9e}.s-error{background:#6a1b9a}.s-stale{background:#455a64}.s-carried{background:#b71c1c}.s-not_yet{background:#78909c}.s-equivalent{background:#1565c0}
 .flag{color:#b71c1c;font-weight:600}
 pre{margin:.3em 0;padding:.5em;background:#f6f8fa;overflow-x:auto;font-size:12.5px}
 code,pre,.src{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
@@ -99,10 +99,11 @@ def render_index(results: AuditResults) -> str:
         "</section>",
     ]
     if results.catalogue:
-        stale = len(results.stale())
+        stale, carried = len(results.stale()), len(results.carried())
         parts += [
             f'<section id="catalogue"><h2>Catalogue entries ({len(results.catalogue)}'
-            f"{f', {stale} stale' if stale else ''})</h2>",
+            f"{f', {stale} stale' if stale else ''}"
+            f"{f', {carried} carried by this release' if carried else ''})</h2>",
             "<p>Hand-written fence bugs (<code>mutants/catalogue/</code>): the suite expected "
             "to kill each, and what did.</p>",
             _catalogue_table(results),
@@ -340,6 +341,16 @@ def _catalogue_table(results: AuditResults) -> str:
     rows = []
     for entry in results.catalogue:
         m = by_id.get(entry.id)
+        if entry.state in ("carried", "not yet"):
+            label = "this release carries this bug" if entry.state == "carried" else "not yet"
+            rows.append(
+                f'<tr><td><span class="status s-{entry.state.replace(" ", "_")}">'
+                f"{escape(entry.state)}</span></td>"
+                f"<td><code>{escape(entry.id)}</code></td><td>{escape(entry.title)}</td>"
+                f"<td>{escape(entry.invariant)}</td><td>{escape(entry.expected)}</td><td></td>"
+                f'<td><span class="flag">{label}: {escape(entry.reason)}</span></td></tr>'
+            )
+            continue
         if entry.stale or m is None:
             reason = escape(entry.reason or "not applied")
             rows.append(

@@ -13,6 +13,12 @@ import xml.etree.ElementTree as ET
 from audit.protocol import MutantStatus
 from audit.report_model import AuditResults, MutantRecord
 
+_SKIPPED = {
+    "stale": "STALE catalogue entry",
+    "carried": "this release carries this bug",
+    "not yet": "not in this release yet",
+}
+
 
 def render_junit(results: AuditResults) -> str:
     root = ET.Element("testsuites", name="fence-audit")
@@ -27,12 +33,14 @@ def render_junit(results: AuditResults) -> str:
             if kind:
                 counts[kind] += 1
             time_s += mutant.duration_s
-        for entry in results.stale():
-            if entry.region == region.name:  # listed, never dropped: a skipped case
+        for entry in results.catalogue:
+            if entry.region == region.name and entry.state != "applied":
+                # listed, never dropped: a skipped case
                 case = ET.SubElement(
                     suite, "testcase", classname=f"fence-audit.{region.name}", name=entry.id
                 )
-                ET.SubElement(case, "skipped", message=f"STALE catalogue entry: {entry.reason}")
+                why = _SKIPPED[entry.state]
+                ET.SubElement(case, "skipped", message=f"{why}: {entry.reason}")
                 counts["tests"] += 1
                 counts["skipped"] += 1
         for key, value in counts.items():

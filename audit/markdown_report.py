@@ -56,6 +56,14 @@ def render_summary(results: AuditResults, previous: AuditResults | None = None) 
             for e in results.equivalents
         ]
         lines.append("")
+    carried = results.carried()
+    if carried:
+        lines += [f"### This release carries these catalogue bugs ({len(carried)})", ""]
+        lines += [
+            f"- `{c.id}` {_cell(c.title)}: this release carries this bug ({_cell(c.reason)})"
+            for c in carried
+        ]
+        lines.append("")
     stale = results.stale()
     if stale:
         lines += [f"### Stale catalogue entries ({len(stale)})", ""]

@@ -213,6 +213,8 @@ def _mutate(
         stage.coverage_map.lines,
         others,
         stage.coverage_map.durations,
+        version=prepared.vllm.version,
+        aliases=catalogue.function_aliases(config.regions),
     )
     mutants = (*mutant_set.mutants, *entries.mutants)
     hashes = function_hashes(source, {m.function for m in mutants if not m.module})

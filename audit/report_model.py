@@ -101,7 +101,8 @@ class RegionResult:
 
 @dataclass(frozen=True, slots=True)
 class CatalogueRecord:
-    """A catalogue entry of the run's regions: applied (then also a mutant) or stale."""
+    """A catalogue entry of the run's regions: applied (then also a mutant), stale,
+    carried (the release already has the bug) or not yet (its code came later)."""
 
     id: str
     region: str
@@ -109,8 +110,12 @@ class CatalogueRecord:
     invariant: str
     expected: str
     file: str
-    stale: bool
+    state: str  # applied, stale, carried or not yet
     reason: str
+
+    @property
+    def stale(self) -> bool:
+        return self.state == "stale"
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +186,10 @@ class AuditResults:
 
     def stale(self) -> tuple[CatalogueRecord, ...]:
         return tuple(c for c in self.catalogue if c.stale)
+
+    def carried(self) -> tuple[CatalogueRecord, ...]:
+        """The catalogue's bugs that this release already has."""
+        return tuple(c for c in self.catalogue if c.state == "carried")
 
     def region(self, name: str) -> RegionResult:
         return next(r for r in self.regions if r.name == name)
@@ -377,6 +386,9 @@ def _out_of_region(body: Fields) -> str:
     return identifier
 
 
+CATALOGUE_STATES = ("applied", "stale", "carried", "not yet")
+
+
 def _catalogue(body: Fields) -> CatalogueRecord:
     record = CatalogueRecord(
         id=body.text("id"),
@@ -385,7 +397,7 @@ def _catalogue(body: Fields) -> CatalogueRecord:
         invariant=body.text("invariant"),
         expected=body.text("expected"),
         file=body.text("file"),
-        stale=choice(body.raw("state"), body.where("state"), ("applied", "stale")) == "stale",
+        state=choice(body.raw("state"), body.where("state"), CATALOGUE_STATES),
         reason=body.text("reason", ""),
     )
     body.close()

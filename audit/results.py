@@ -11,7 +11,9 @@ audit.json format history:
   reports need, so they are rendered from this file alone. Catalogue entries: their
   mutants carry ``title``, ``invariant``, ``expected``, ``verdict``, ``bug``,
   ``symptom``, ``history``; ``catalogue`` lists every entry of the run's regions with
-  ``applied`` or ``stale`` and the reason. Per region and overall, ``killed_by_vllm``:
+  ``applied``, ``stale``, ``carried`` (the release already has the entry's code: it
+  carries the bug) or ``not yet`` (the code came in a later release), with the reason.
+  Per region and overall, ``killed_by_vllm``:
   mutants killed by a test of vLLM's own suite (covering tests run vLLM's first).
   A mutant of another module than the target carries its ``module`` and ``path``.
   Status ``equivalent`` (a reviewed survivor, outside the score) with the mutant's
@@ -267,7 +269,9 @@ def expectation_verdict(expected: str, result: MutantResult) -> str:
 def _catalogue(catalogue: CatalogueMutants | None) -> list[dict[str, Any]]:
     if catalogue is None:
         return []
-    stale = {s.entry.mutant_id: s.reason for s in catalogue.stale}
+    states = {s.entry.mutant_id: ("stale", s.reason) for s in catalogue.stale}
+    states |= {c.entry.mutant_id: ("carried", c.reason) for c in catalogue.carried}
+    states |= {n.entry.mutant_id: ("not yet", n.reason) for n in catalogue.not_yet}
     return [
         {
             "id": mutant_id,
@@ -276,8 +280,8 @@ def _catalogue(catalogue: CatalogueMutants | None) -> list[dict[str, Any]]:
             "invariant": entry.invariant,
             "expected": entry.expected,
             "file": entry.path.name,
-            "state": "stale" if mutant_id in stale else "applied",
-            "reason": stale.get(mutant_id, ""),
+            "state": states.get(mutant_id, ("applied", ""))[0],
+            "reason": states.get(mutant_id, ("applied", ""))[1],
         }
         for mutant_id, entry in catalogue.entries.items()
     ]

@@ -72,28 +72,62 @@ def sdist_tests(version: str, *, index_url: str, cache_dir: Path) -> TestSource:
         digest = digest_file.read_text().strip()
         if (tree / MARKER).read_text().strip() == digest:
             return TestSource(root=tree, origin=f"sdist {filename} (sha256 {digest[:12]}, cached)")
-
-    digest = digest_file.read_text().strip() if digest_file.is_file() else ""
-    found = sha256_file(archive) if digest and archive.is_file() else ""
-    if not found or found != digest:  # none cached, or damaged (truncated): fetch it again
-        try:
-            url, digest = _find_on_index(index_url, filename, cache_dir)
-        except SourceUnavailable as unavailable:
-            if not found:
-                raise
-            raise _mismatch(
-                f"the cached {filename} does not match the sha256 recorded when it was "
-                "downloaded, and the package index cannot be reached to fetch it again",
-                {"archive": str(archive), "sha256 from": f"the cache, {digest_file}"},
-                expected=digest,
-                found=found,
-                next_step=f"run again when the index is reachable ({unavailable.summary}): "
-                "the archive is fetched afresh; or pass --vllm-src PATH to a vLLM checkout",
-            ) from None
-        _download(url, archive, digest, index_url)
-        write_text(digest_file, digest + "\n")
+    digest = sdist_archive(version, index_url=index_url, cache_dir=cache_dir)
     _extract_tests(archive, tree, f"vllm-{version}/tests/", digest)
     return TestSource(root=tree, origin=f"sdist {filename} (sha256 {digest[:12]})")
+
+
+def sdist_archive(version: str, *, index_url: str, cache_dir: Path) -> str:
+    """Make sure ``cache_dir/sdist/vllm-VERSION.tar.gz`` holds the index's sdist of
+    ``version`` (fetched when missing or damaged); return its sha256."""
+    filename = f"vllm-{version}.tar.gz"
+    archive = cache_dir / "sdist" / filename
+    digest_file = archive.with_name(filename + ".sha256")
+    digest = digest_file.read_text().strip() if digest_file.is_file() else ""
+    found = sha256_file(archive) if digest and archive.is_file() else ""
+    if found and found == digest:
+        return digest
+    try:  # none cached, or damaged (truncated): fetch it again
+        url, digest = _find_on_index(index_url, filename, cache_dir)
+    except SourceUnavailable as unavailable:
+        if not found:
+            raise
+        raise _mismatch(
+            f"the cached {filename} does not match the sha256 recorded when it was "
+            "downloaded, and the package index cannot be reached to fetch it again",
+            {"archive": str(archive), "sha256 from": f"the cache, {digest_file}"},
+            expected=digest,
+            found=found,
+            next_step=f"run again when the index is reachable ({unavailable.summary}): "
+            "the archive is fetched afresh; or pass --vllm-src PATH to a vLLM checkout",
+        ) from None
+    _download(url, archive, digest, index_url)
+    write_text(digest_file, digest + "\n")
+    return digest
+
+
+def sdist_module(version: str, module: str, *, index_url: str, cache_dir: Path) -> str:
+    """The text of ``module`` (dotted) as vLLM ``version``'s sdist ships it: a release's
+    code, read without installing the release."""
+    sdist_archive(version, index_url=index_url, cache_dir=cache_dir)
+    archive = cache_dir / "sdist" / f"vllm-{version}.tar.gz"
+    member = f"vllm-{version}/{module_relpath(module)}"
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            extracted = tar.extractfile(member)
+            if extracted is None:
+                raise KeyError(member)
+            return extracted.read().decode("utf-8")
+    except KeyError:
+        raise SourceUnavailable(
+            f"vLLM {version}'s sdist has no {module_relpath(module)}",
+            details={"archive": str(archive), "next": "check the module name (target = ...)"},
+        ) from None
+    except (tarfile.TarError, EOFError, zlib.error, UnicodeDecodeError) as error:
+        raise SourceIntegrityError(
+            f"{archive.name} cannot be read as a .tar.gz archive",
+            details={"archive": str(archive), "error": str(error), "next": "delete it, run again"},
+        ) from None
 
 
 def _find_on_index(index_url: str, filename: str, cache_dir: Path) -> tuple[str, str]:

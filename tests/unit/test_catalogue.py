@@ -8,7 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from audit.catalogue import Applied, Entry, Stale, apply_entry, load_catalogue, load_entry
+from audit.catalogue import (
+    Applied,
+    Carried,
+    Entry,
+    NotYet,
+    Stale,
+    apply_entry,
+    load_catalogue,
+    load_entry,
+)
 from audit.errors import ConfigError
 from audit.model import MutantResult
 from audit.protocol import MutantStatus, apply_edits
@@ -257,3 +266,101 @@ def test_the_project_catalogue_loads_and_has_enough_entries(project_root: Path) 
     # regressions reconstructed from vLLM's history say which PR or issue
     assert all(e.history for e in entries if re.search(r"before-\d+$", e.id))
     assert {"population-before-48596", "sliding-window-before-42959"} <= {e.id for e in entries}
+
+
+# --- across releases ------------------------------------------------------------
+
+OLDER = SOURCE.replace("def remove(", "def remove_job(").replace(
+    "self.jobs.setdefault(block, set()).add(job)", "self.jobs[block] = {job}"
+)
+
+
+def test_alternatives_find_the_code_as_another_release_writes_it(tmp_path: Path) -> None:
+    e = entry(
+        tmp_path,
+        """\
+        function = "Fence.remove"
+        statement = ["pending.discard(job)", "pending.remove(job)"]
+        action = "delete"
+        """,
+    )
+    aliases = {"Fence.remove": ("Fence.remove", "Fence.remove_job")}
+    result = apply_entry(e, OLDER, "old.py", aliases=aliases)
+    assert isinstance(result, Applied)
+    assert result.function == "Fence.remove_job"
+    assert isinstance(apply_entry(e, OLDER, "old.py"), Stale)  # without the alias
+
+
+def test_before_its_since_an_entry_is_not_yet(tmp_path: Path) -> None:
+    e = entry(
+        tmp_path,
+        'function = "Fence.register"\nstatement = "self.count += 1"\naction = "delete"\n',
+        since="0.29.0",
+    )
+    assert isinstance(apply_entry(e, SOURCE, "f.py", version="0.28.0"), NotYet)
+    assert isinstance(apply_entry(e, SOURCE, "f.py", version="0.29.0"), Applied)
+    assert isinstance(apply_entry(e, SOURCE, "f.py"), Applied)  # version unknown
+
+
+def test_an_edit_the_release_already_has_is_carried(tmp_path: Path) -> None:
+    e = entry(
+        tmp_path,
+        """\
+        function = "Fence.register"
+        statement = "self.jobs"
+        action = "edit"
+        old = "self.jobs.setdefault(block, set()).add(job)"
+        new = "self.jobs[block] = {job}"
+        """,
+    )
+    assert isinstance(apply_entry(e, SOURCE, "new.py"), Applied)
+    result = apply_entry(e, OLDER, "old.py")
+    assert isinstance(result, Carried)
+    assert "already reads 'self.jobs[block] = {job}'" in result.reason
+
+
+def test_a_move_already_in_place_is_carried_and_one_further_down_is_not(
+    tmp_path: Path,
+) -> None:
+    e = entry(
+        tmp_path,
+        """\
+        function = "Fence.register"
+        statement = "self.count += 1"
+        action = "move_after"
+        after = "for block in blocks:"
+        """,
+    )
+    assert isinstance(apply_entry(e, SOURCE, "f.py"), Carried)  # right after the loop
+    moved = SOURCE.replace(
+        "        self.count += 1\n",
+        "        self.count += 1\n        self.seen = True\n",
+    )
+    swapped = moved.replace(
+        "        self.count += 1\n        self.seen = True\n",
+        "        self.seen = True\n        self.count += 1\n",
+    )
+    assert isinstance(apply_entry(e, swapped, "g.py"), Applied)
+
+
+def test_carried_when_names_the_older_shape_of_the_bug(tmp_path: Path) -> None:
+    path = tmp_path / "e1.toml"
+    path.write_text(
+        entry_text(
+            'function = "Fence.register"\nstatement = "if block == 0:"\naction = "delete"\n'
+        ).replace(
+            "\n\n[[change]]",
+            '\n\n[carried-when]\nfunction = "Fence.register"\n'
+            'statement = "self.count += 1"\nafter = "for block in blocks:"\n\n[[change]]',
+        )
+    )
+    e = load_entry(path)
+    assert isinstance(apply_entry(e, SOURCE, "f.py"), Applied)  # the fixed code: a mutant
+    older = SOURCE.replace("            if block == 0:\n                continue\n", "")
+    result = apply_entry(e, older, "old.py")
+    assert isinstance(result, Carried)
+    assert result.reason == (
+        "in Fence.register, 'self.count += 1' comes after 'for block in blocks:'"
+    )
+    neither = older.replace("        self.count += 1\n", "")
+    assert isinstance(apply_entry(e, neither, "x.py"), Stale)
