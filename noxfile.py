@@ -3,7 +3,16 @@
 The lean vLLM environment (vLLM without its GPU dependency set, CPU torch, the
 import chain pinned in locks/vllm-<version>.txt) is one virtualenv shared by the
 sessions that need it, under .nox/lean-vllm-<version>; it is rebuilt only when
-the lock file or pyproject.toml changes.
+the lock file or pyproject.toml changes. A missing lock is not generated: the
+sessions stop and name the command that writes it, `nox -s lock -- <version>`.
+
+One recipe, locks/vllm.in, serves every vLLM release: it names the packages of
+the import chain and where each one's version specifier comes from (the release's
+own metadata, or a constraint of ours such as the CPU torch). `nox -s lock --
+<version>` installs that vLLM wheel alone, reads its Requires-Dist, resolves the
+recipe in a fresh virtualenv and writes locks/vllm-<version>.txt, keeping the
+pins of an existing lock where they still resolve (`-- <version> --upgrade`
+re-resolves all).
 
 Configuration (environment variables; defaults in brackets):
   FENCE_AUDIT_VLLM_VERSION  vLLM version to install [pyproject's vllm-version]
@@ -48,8 +57,7 @@ def lean_env(session: nox.Session) -> Path:
     lock = LOCKS / f"vllm-{version}.txt"
     if not lock.is_file():
         session.error(
-            f"no lock file for vLLM {version} ({lock.relative_to(ROOT)}); "
-            f"write locks/vllm-{version}.in and run `nox -s lock -- {version}`"
+            f"no lock for vLLM {version} (locks/vllm-{version}.txt): run `nox -s lock -- {version}`"
         )
     venv = ROOT / ".nox" / f"lean-vllm-{version}"
     bindir = venv / "bin"
@@ -137,33 +145,62 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(default=False, reuse_venv=False)  # resolve from nothing, every time
 def lock(session: nox.Session) -> None:
-    """Resolve locks/vllm-VERSION.in into locks/vllm-VERSION.txt (pass VERSION)."""
-    version = session.posargs[0] if session.posargs else vllm_version()
-    source = LOCKS / f"vllm-{version}.in"
-    if not source.is_file():
-        session.error(f"{source.relative_to(ROOT)} is missing: list vLLM's import chain there")
-    no_deps, resolved = [], []
-    for raw in source.read_text().splitlines():
-        line = raw.split("#", 1)[0].strip()
-        if line.startswith("--no-deps "):
-            no_deps.append(line.removeprefix("--no-deps ").strip())
-        elif line:
-            resolved.append(line)
-    session.install("--no-deps", *no_deps)
-    session.install(*resolved)
+    """Resolve locks/vllm.in for one vLLM release into locks/vllm-VERSION.txt.
+
+    `nox -s lock -- VERSION [--upgrade]`. The pins of an existing lock are kept where
+    they still resolve; --upgrade (or a conflict) re-resolves every package.
+    """
+    import importlib.util
+    import json
+
+    upgrade = "--upgrade" in session.posargs
+    args = [arg for arg in session.posargs if arg != "--upgrade"]
+    version = args[0] if args else vllm_version()
+    reader = importlib.util.spec_from_file_location("lock_recipe", LOCKS / "recipe.py")
+    assert reader is not None
+    assert reader.loader is not None
+    recipe = importlib.util.module_from_spec(reader)
+    sys.modules[reader.name] = recipe  # dataclasses look their module up
+    reader.loader.exec_module(recipe)
+    try:
+        lines = recipe.parse((LOCKS / "vllm.in").read_text())
+    except recipe.RecipeError as exc:
+        session.error(f"locks/vllm.in: {exc}")
+    tmp = Path(session.create_tmp())
+    extra = os.environ.get("FENCE_AUDIT_TORCH_INDEX")
+    index_args = ["--extra-index-url", extra] if extra else []
+    # vLLM first, alone: its wheel's metadata (pip's report) decides the rest.
+    report = tmp / "vllm-report.json"
+    session.install("--no-deps", "--report", str(report), f"vllm=={version}")
+    installed = json.loads(report.read_text())
+    (wheel,) = installed["install"]
+    try:
+        plan = recipe.plan(
+            lines,
+            version,
+            wheel["metadata"].get("requires_dist", []),
+            installed["environment"],
+        )
+    except recipe.RecipeError as exc:
+        session.error(f"locks/vllm.in: {exc}")
+    constraints = tmp / "vllm-declares.txt"
+    constraints.write_text("\n".join(plan.constraints) + "\n")
+
+    def install(*options: str) -> None:
+        session.install("--no-deps", *index_args, *options, *plan.no_deps)
+        session.install(*index_args, "-c", str(constraints), *options, *plan.resolved)
+
+    previous = LOCKS / f"vllm-{version}.txt"
+    if previous.is_file() and not upgrade:
+        kept = tmp / "previous-pins.txt"
+        kept.write_text(previous.read_text())
+        try:
+            install("-c", str(kept))
+        except nox.command.CommandFailed:
+            session.warn(f"the pins of {previous.name} no longer resolve: resolving afresh")
+            install()
+    else:
+        install()
     frozen = session.run("python", "-m", "pip", "freeze", "--exclude-editable", silent=True)
     assert isinstance(frozen, str)
-    pins = sorted(
-        (
-            line.split("+", 1)[0] if line.lower().startswith("torch==") else line
-            for line in frozen.splitlines()
-            if "==" in line and not line.startswith(("pip==", "setuptools==", "wheel=="))
-        ),
-        key=str.lower,
-    )
-    header = (
-        f"# Generated by `nox -s lock -- {version}` from vllm-{version}.in; installed with "
-        f"pip --no-deps.\n# Every package of the lean vLLM {version} environment, pinned. "
-        "Do not edit by hand.\n"
-    )
-    (LOCKS / f"vllm-{version}.txt").write_text(header + "\n".join(pins) + "\n")
+    (LOCKS / f"vllm-{version}.txt").write_text(recipe.render(version, wheel, plan, frozen))

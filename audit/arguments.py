@@ -125,6 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
     mutate.add_argument(
         "--compare", type=Path, metavar="OLD_AUDIT_JSON", help="show changes since this run"
     )
+    mutate.add_argument(
+        "--since",
+        metavar="REF",
+        help="pull-request mode, with --vllm-src: judge only the mutants on the target's "
+        "lines changed since this git ref (a branch, tag or commit of the checkout)",
+    )
     report = commands.add_parser(
         "report",
         parents=[common],

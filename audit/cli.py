@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 
-from audit import catalogue, environment, hermetic, pipeline, sources
+from audit import catalogue, changes, environment, hermetic, pipeline, sources
 from audit.arguments import build_parser
 from audit.config import (
     Config,
@@ -30,9 +30,9 @@ from audit.inputs import check_cache_dir
 from audit.jobs import ExecutorOptions
 from audit.model import percent_text
 from audit.regions import resolve_regions
-from audit.report_model import load_results
+from audit.report_model import AuditResults, load_results
 from audit.reports import Written
-from audit.results import format_scores
+from audit.results import Tally, format_scores
 
 
 def thresholds(config: Config, args: argparse.Namespace) -> GateThresholds:
@@ -88,9 +88,14 @@ def run(args: argparse.Namespace) -> ExitCode:
     entries = check_inputs(config, args, gate)
     previous = load_results(args.compare) if getattr(args, "compare", None) else None
     writes = args.command not in ("fetch", "regions")  # these write nothing to the reports
-    prepared = pipeline.prepare(config, vllm_src=args.vllm_src, writes_reports=writes)
+    since = getattr(args, "since", None)
+    prepared = pipeline.prepare(config, vllm_src=args.vllm_src, writes_reports=writes, since=since)
     print(f"fence-audit: vLLM {prepared.vllm.version}; tests from {prepared.source.origin}")
     print(f"fence-audit: target {prepared.target.module} ({prepared.target.path})")
+    if prepared.changed is not None:
+        print_changed(prepared.changed)
+        if not prepared.changed.lines:
+            return unchanged(prepared, args, entries, previous)
     if args.command == "fetch":
         print(f"fence-audit: vLLM's tests are in {prepared.source.root}")
         return ExitCode.OK
@@ -147,6 +152,9 @@ def check_inputs(
     the ``--suite`` selection, parsed."""
     configured = [region.name for region in config.regions]
     named = [("--region", name) for name in getattr(args, "region", [])]
+    if getattr(args, "since", None) is not None:
+        check_since(config, args)
+        configured.append(changes.OUTSIDE)  # a gate threshold may name the group
     if gate is not None:
         given = {text.partition("=")[0] for text in args.fail_under_region}
         named += [
@@ -167,6 +175,53 @@ def check_inputs(
     check_cache_dir(config.cache_dir, config.cache_dir_from)
     hermetic.check_offline_models(config.offline_models)
     return entries
+
+
+def check_since(config: Config, args: argparse.Namespace) -> None:
+    """``--since``: pull-request mode compares a checkout's target with a git ref."""
+    if args.vllm_src is None:
+        raise ConfigError(
+            f"--since {args.since} needs --vllm-src: the changes are read from a git checkout",
+            details={
+                "next": "add --vllm-src PATH (the root of the vLLM checkout holding the "
+                "change), or drop --since to audit the whole fence",
+            },
+        )
+    if changes.OUTSIDE in (region.name for region in config.regions):
+        raise ConfigError(
+            f"a configured region is named {changes.OUTSIDE!r}, the name --since gives the "
+            "changed code outside every region",
+            details={"config": config.source, "next": "rename that region"},
+        )
+
+
+def print_changed(changed: changes.ChangedCode) -> None:
+    renamed = f", renamed from {changed.old_path}" if changed.renamed else ""
+    new = "" if changed.old_path else " (new since then)"
+    print(
+        f"fence-audit: since {changed.describe()}: {len(changed.lines)} changed lines in "
+        f"{changed.path}{new}{renamed}"
+    )
+
+
+def unchanged(
+    prepared: pipeline.Prepared,
+    args: argparse.Namespace,
+    entries: tuple[SuitePath, ...],
+    previous: AuditResults | None,
+) -> ExitCode:
+    """``--since`` and the target did not change: nothing to judge, no baseline; the
+    reports say so (a PR comment posted from summary.md must not be an older run's)."""
+    config = prepared.config
+    path = pipeline.unchanged(prepared, tuple(args.region), entries)
+    written = pipeline.report(config, path, previous).written
+    assert prepared.changed is not None
+    print(
+        f"fence-audit: nothing changed in {prepared.changed.path} since "
+        f"{prepared.changed.describe()}: no mutant to judge; gate not checked"
+    )
+    print(f"fence-audit: report {written.index}; summary {written.summary}")
+    return ExitCode.OK
 
 
 def check_catalogue(config: Config, vllm_src: Path | None, release: str | None) -> ExitCode:
@@ -275,7 +330,8 @@ def print_report_and_gate(reported: pipeline.ReportStage, code: ExitCode) -> Non
 
 def print_gate(outcome: GateResult) -> ExitCode:
     """The gate's checks, printed; its exit code returned."""
-    if outcome.checks or outcome.not_run or outcome.overall_skipped:
+    skipped = outcome.not_run or outcome.overall_skipped
+    if outcome.checks or skipped or outcome.unchanged or outcome.overall_unchanged:
         print(outcome.render())
     else:
         print("fence-audit: gate: no threshold configured; nothing to check")
@@ -286,14 +342,25 @@ def report_mutation(stage: pipeline.MutationStage) -> None:
     reports = stage.coverage.prepared.config.reports_dir
     run = [v for v in stage.verdicts.values() if v.status != "no_tests"]
     counts = Counter(v.cached for v in run)
+    kind = "in-region" if stage.coverage.prepared.changed is None else "changed-code"
     print(
-        f"fence-audit: {len(stage.mutant_set.mutants)} in-region mutmut mutants and "
+        f"fence-audit: {len(stage.mutant_set.mutants)} {kind} mutmut mutants and "
         f"{len(stage.catalogue.mutants)} catalogue entries "
         f"({len(stage.mutant_set.out_of_region)} mutmut mutants outside every region, not run; "
         f"{len(stage.verdicts) - len(run)} reached by no test); judged {counts[False]}, "
         f"from cache {counts[True]}, in {stage.duration_s:.1f}s"
     )
     print(f"fence-audit: installed {stage.after.path.name} unchanged (sha256 {stage.after.sha256})")
+    changed = stage.coverage.prepared.changed
+    if changed is not None:
+        tally = Tally.of(stage.verdicts[m.id].status for m in stage.mutants)
+        outside = sum(m.region == changes.OUTSIDE for m in stage.mutants)
+        print(
+            f"fence-audit: changed code since {changed.describe()}: {tally.killed} of "
+            f"{tally.judged} judged mutants killed ({percent_text(tally.score)}); "
+            f"{len(stage.mutants)} mutants on changed lines, {outside} of them outside "
+            f"every region ({changes.OUTSIDE}, scored apart)"
+        )
     survivors = [m for m in stage.mutants if stage.verdicts[m.id].status == "survived"]
     for mutant in survivors:
         print(f"  survived: {mutant.id}  ({mutant.region}, line {mutant.line})")

@@ -109,6 +109,7 @@ class Config:
     gate: GateThresholds = GateThresholds()
     catalogue_dir: Path | None = None  # hand-written mutants, one TOML file each
     equivalents_file: Path | None = None  # reviewed equivalent mutants, with reasons
+    findings_file: Path | None = None  # real vLLM bugs: the tests they fail, the releases
     plugins: tuple[SuitePath, ...] = ()  # pytest plugin files loaded into every test run
     cache_dir_from: str = "the default"  # who chose cache_dir, for error messages
 
@@ -133,6 +134,7 @@ _TOP_KEYS = {
     "gate",
     "catalogue",
     "equivalents",
+    "findings",
 }
 _SUITE_KEYS = {"paths", "offline-models", "plugins"}
 _GATE_KEYS = {"fail-under", "regions", "min-line-coverage"}
@@ -180,6 +182,7 @@ def _check_configured_paths(config: Config, user: dict[str, Any]) -> None:
     for key, path, kind in (
         ("catalogue", config.catalogue_dir, "folder"),
         ("equivalents", config.equivalents_file, "file"),
+        ("findings", config.findings_file, "file"),
     ):
         if key not in user or path is None:
             continue
@@ -242,6 +245,7 @@ def parse_config(table: dict[str, Any], *, source: str, project_dir: Path) -> Co
         gate=parse_gate(table.get("gate", {}), source),
         catalogue_dir=_path(table.get("catalogue"), "catalogue", source, project_dir),
         equivalents_file=_path(table.get("equivalents"), "equivalents", source, project_dir),
+        findings_file=_path(table.get("findings"), "findings", source, project_dir),
     )
 
 

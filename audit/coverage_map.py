@@ -33,15 +33,16 @@ def build_coverage_map(run: BaselineRun, vllm_version: str) -> CoverageMap:
     data = coverage.CoverageData(basename=str(run.data_file))
     data.read()
     by_line = data.contexts_by_lineno(str(run.target.path))
+    left_out = run.finding_tests  # a finding's tests fail on the unmutated code: no judge
+    lines = {
+        line: tuple(sorted(c for c in contexts if c and c not in left_out))
+        for line, contexts in sorted(by_line.items())
+    }
     return CoverageMap(
         target=run.target,
         vllm_version=vllm_version,
-        lines={
-            line: tuple(sorted(c for c in contexts if c))
-            for line, contexts in sorted(by_line.items())
-            if any(contexts)
-        },
-        durations={t.test_id: t.duration_s for t in run.tests},
+        lines={line: tests for line, tests in lines.items() if tests},
+        durations={t.test_id: t.duration_s for t in run.tests if t.test_id not in left_out},
     )
 
 

@@ -6,6 +6,10 @@ decimals before it is compared, and 100 means exactly 100. A run fails with
 ``SCORE_BELOW_THRESHOLD`` (2); when every failing check would pass if the timeouts
 had been killed, with ``TIMEOUTS_ONLY`` (3), so CI can tell a slow mutant from a
 weak test. The results of an interrupted run fail with ``INCOMPLETE`` (13).
+
+A pull-request run (``--since``) judges only the changed code: a region it holds no
+mutant of has nothing to check (not a failure), and the group of the changed code
+outside every region is checked only when a threshold names it.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from audit.changes import OUTSIDE
 from audit.config import GateThresholds
 from audit.errors import ConfigError, ExitCode, ResultsIncomplete
 from audit.model import Fraction, percent_text
@@ -40,6 +45,10 @@ class GateResult:
     checks: tuple[Check, ...]
     not_run: tuple[str, ...] = ()  # regions with a threshold but not in this run
     overall_skipped: bool = False  # a threshold for the overall score, but a partial run
+    # A pull-request run: regions with a threshold but no changed code (and the overall
+    # score, when no region holds changed code): nothing to check.
+    unchanged: tuple[str, ...] = ()
+    overall_unchanged: bool = False
 
     @property
     def exit_code(self) -> ExitCode:
@@ -57,6 +66,12 @@ class GateResult:
         lines += [
             f"fence-audit: gate: score of {name}: not checked (the run left it out)"
             for name in self.not_run
+        ]
+        if self.overall_unchanged:
+            lines.append("fence-audit: gate: score: not checked (no changed code in the regions)")
+        lines += [
+            f"fence-audit: gate: score of {name}: not checked (no changed code in it)"
+            for name in self.unchanged
         ]
         return "\n".join(lines)
 
@@ -96,14 +111,20 @@ def evaluate(
     # The overall threshold speaks of every configured region: a run that left some
     # out (--region) has no overall score to compare.
     partial = bool(configured - present)
-    if thresholds.fail_under > 0 and not partial:
+    # A pull-request run: what holds no changed code has nothing to check.
+    empty = {r.name for r in results.regions if results.since and not results.mutants_of(r.name)}
+    unchanged = tuple(name for name, t in thresholds.regions if t > 0 and name in empty)
+    overall_unchanged = bool(results.since) and all(m.region == OUTSIDE for m in results.mutants)
+    if thresholds.fail_under > 0 and not partial and not overall_unchanged:
         checks.append(_score_check("score", results.overall, thresholds.fail_under))
     for name, threshold in thresholds.regions:
-        if threshold > 0 and name in present:
+        if threshold > 0 and name in present and name not in empty:
             tally = results.region(name).tally
             checks.append(_score_check(f"score of {name}", tally, threshold))
     if thresholds.min_line_coverage > 0:
         for region in results.regions:
+            if region.name == OUTSIDE:  # changed lines, not a region: shown, not gated
+                continue
             percent = region.lines.percent
             passed = percent is None or _at_least(percent, thresholds.min_line_coverage)
             checks.append(
@@ -116,7 +137,13 @@ def evaluate(
                     passed_without_timeouts=passed,
                 )
             )
-    return GateResult(tuple(checks), not_run, thresholds.fail_under > 0 and partial)
+    return GateResult(
+        tuple(checks),
+        not_run,
+        thresholds.fail_under > 0 and partial,
+        unchanged,
+        thresholds.fail_under > 0 and not partial and overall_unchanged,
+    )
 
 
 def _score_check(name: str, tally: Tally, threshold: float) -> Check:

@@ -85,6 +85,7 @@ def render_index(results: AuditResults) -> str:
         "<h1>fence-audit report</h1>",
         *_incomplete(results),
         _meta(results),
+        *_changed(results),
         '<section id="summary"><h2>Score</h2>',
         f'<p id="score">{percent_text(overall.score)}</p>',
         f"<p>{_denominator(overall)}. {results.out_of_region} mutants outside every region "
@@ -98,6 +99,23 @@ def render_index(results: AuditResults) -> str:
         _mutant_table(survivors, empty="No mutant survived."),
         "</section>",
     ]
+    if results.findings:
+        items = "".join(
+            f"<li><strong>{escape(f.id)}</strong>: {escape(f.title)} "
+            f'(<a href="{escape(f.doc)}">write-up</a>; releases {escape(", ".join(f.releases))})'
+            "<br>failing on the unmutated code: "
+            + ", ".join(
+                f"<code>{escape(t)}</code>"
+                + (" (left out of the mutant phase)" if t in f.left_out else "")
+                for t in f.tests
+            )
+            + "</li>"
+            for f in results.findings
+        )
+        parts += [
+            f'<section id="findings"><h2>Real vLLM bugs in this release '
+            f"({len(results.findings)})</h2><ul>{items}</ul></section>"
+        ]
     if results.catalogue:
         stale, carried = len(results.stale()), len(results.carried())
         parts += [
@@ -135,6 +153,42 @@ def _incomplete(results: AuditResults) -> list[str]:
         f'<p id="incomplete" class="flag">Incomplete: {results.interrupted}; run '
         "<code>fence-audit mutate</code> again to resume.</p>"
     ]
+
+
+def _changed(results: AuditResults) -> list[str]:
+    """A pull-request run's head: what changed since the ref, and that code's score."""
+    since = results.since
+    if since is None:
+        return []
+    compared = f"<code>{escape(since.path)}</code>"
+    if since.renamed:
+        compared += f" (renamed from <code>{escape(since.old_path)}</code>)"
+    elif not since.old_path:
+        compared += " (new since then)"
+    compared += (
+        f" since <code>{escape(since.ref)}</code> (<code>{escape(since.commit[:12])}</code>)"
+    )
+    parts = ['<section id="changed"><h2>Changed code</h2>']
+    if not since.lines:
+        parts.append(
+            f"<p>Nothing changed in {compared}: no mutant was judged, and the gate was not "
+            "checked.</p>"
+        )
+        return [*parts, "</section>"]
+    tally = since.tally
+    group = f'<a href="{escape(region_file(since.group))}"><code>{escape(since.group)}</code></a>'
+    parts += [
+        f'<p id="changed-score" style="font-size:2em;font-weight:700">{tally.killed} of '
+        f"{tally.judged} mutants in the changed code killed ({percent_text(tally.score)})</p>",
+        f"<p>{compared}: {escape(since.lines_text(30))}.</p>",
+        f"<p>{len(results.mutants)} mutant{'' if len(results.mutants) == 1 else 's'} on "
+        f"changed lines: {_denominator(tally)}. "
+        f"{len(results.mutants_of(since.group))} of them lie outside every region, in "
+        f"{group}, scored apart: the score below leaves them out. Every survivor below is "
+        'in the changed code (<a href="#survivors">survivors</a>).</p>',
+        "</section>",
+    ]
+    return parts
 
 
 def render_region(results: AuditResults, region: RegionResult) -> str:

@@ -1,17 +1,23 @@
 """``summary.md``: the score table and the survivors, for a PR comment or a CI step summary.
 
 With an older results file (``--compare``) it also shows the change of score per
-region and every mutant whose status changed, appeared or disappeared.
+region and every mutant whose status changed, appeared or disappeared. The results of
+a pull-request run (``--since``) lead with the changed code's score and survivors,
+the comment a reviewer reads; the usual tables follow.
 """
 
 from __future__ import annotations
 
+import re
+
 from audit.model import percent_text
-from audit.report_model import AuditResults, MutantRecord
+from audit.report_model import AuditResults, ChangeRecord, MutantRecord
 from audit.results import Tally
 
 # GitHub folds a step summary above 1 MiB; long diffs are cut well below that.
 DIFF_LINES = 40
+# A pull-request run's survivors shown with their diff; the others by id only.
+SURVIVORS_SHOWN = 20
 
 
 def render_summary(results: AuditResults, previous: AuditResults | None = None) -> str:
@@ -21,6 +27,15 @@ def render_summary(results: AuditResults, previous: AuditResults | None = None) 
         f"(vLLM {_cell(results.vllm_version)})",
         "",
     ]
+    if results.since is not None:  # a pull-request run: the changed code first
+        if not results.since.lines:
+            return "\n".join(_nothing_changed(results, results.since))
+        lines = [
+            *_changed_code(results, results.since),
+            f"### Fence regions: {percent_text(overall.score)} of their changed mutants "
+            f"killed (vLLM {_cell(results.vllm_version)})",
+            "",
+        ]
     if results.interrupted:
         lines += [
             f"> **Incomplete**: {results.interrupted}; run `fence-audit mutate` again to resume.",
@@ -34,6 +49,13 @@ def render_summary(results: AuditResults, previous: AuditResults | None = None) 
         _score_table(results, previous),
         "",
     ]
+    if results.since is not None:
+        lines += [
+            f"{_code(results.since.group)}: the changed code outside every region (or across a "
+            "region's edge), scored apart: not in **all**; the gate checks it only when a "
+            "threshold names it.",
+            "",
+        ]
     absent = [(r.name, part) for r in results.regions for part in r.absent]
     if absent:
         lines += [f"Absent in vLLM {_cell(results.vllm_version)} (not yet in this release):", ""]
@@ -42,18 +64,27 @@ def render_summary(results: AuditResults, previous: AuditResults | None = None) 
     if previous is not None:
         lines += _changes(results, previous)
     survivors = results.survivors()
-    lines.append(f"### Survivors ({len(survivors)})")
-    lines.append("")
-    if not survivors:
-        lines += ["No mutant survived.", ""]
-    for mutant in survivors:
-        lines += _survivor(mutant)
+    if results.since is None:  # a pull-request run listed them first
+        lines.append(f"### Survivors ({len(survivors)})")
+        lines.append("")
+        if not survivors:
+            lines += ["No mutant survived.", ""]
+        for mutant in survivors:
+            lines += _survivor(mutant)
     if results.equivalents:
         lines += [f"### Equivalent mutants ({len(results.equivalents)})", ""]
         lines += [
             f"- `{e.id}`: {_cell(e.state)}. {_cell(e.reason)}"
             + ("" if e.state == "applied" else " **(flagged: the verdict no longer holds)**")
             for e in results.equivalents
+        ]
+        lines.append("")
+    if results.findings:
+        lines += [f"### Real vLLM bugs in this release ({len(results.findings)})", ""]
+        lines += [
+            f"- **{_cell(f.id)}**: {_cell(f.title)} ([write-up]({_cell(f.doc)})); "
+            + _finding_tests(len(f.tests), len(f.left_out))
+            for f in results.findings
         ]
         lines.append("")
     carried = results.carried()
@@ -79,6 +110,93 @@ def render_summary(results: AuditResults, previous: AuditResults | None = None) 
         ]
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _changed_code(results: AuditResults, since: ChangeRecord) -> list[str]:
+    """The head of a pull-request run's summary: the changed code's score and survivors."""
+    tally = since.tally
+    if results.mutants:
+        head = (
+            f"## fence-audit: {tally.killed} of {tally.judged} mutants in the changed code "
+            f"killed ({percent_text(tally.score)})"
+        )
+    else:
+        head = "## fence-audit: no mutant in the changed code"
+    lines = [head, ""]
+    if results.interrupted:
+        lines += [f"> **Incomplete**: {results.interrupted}.", ""]
+    outside = len(results.mutants_of(since.group))
+    lines += [
+        f"{_compared(since)}: {since.lines_text(12)}. vLLM {_cell(results.vllm_version)}.",
+        "",
+        f"{_mutants(len(results.mutants))} on changed lines: {tally.killed} killed "
+        f"of {tally.judged} judged (killed + survived + timeout); {tally.no_tests} with no "
+        f"covering test, {tally.error} errors and {tally.equivalent} equivalent counted "
+        f"apart; {outside} of them outside every region ({_code(since.group)}).",
+        "",
+    ]
+    if not results.mutants:
+        lines += [
+            "The changed lines hold nothing mutmut or the catalogue mutates (comments, "
+            "imports, code outside functions).",
+            "",
+        ]
+        return lines
+    # The fence regions' survivors first; a PR comment holds 65,536 characters, so
+    # past the first SURVIVORS_SHOWN only their ids (every diff is in audit.json).
+    order = {region.name: n for n, region in enumerate(results.regions)}
+    survivors = sorted(results.survivors(), key=lambda m: order.get(m.region, len(order)))
+    lines += [f"### Survivors in the changed code ({len(survivors)})", ""]
+    if not survivors:
+        lines += ["No mutant survived.", ""]
+    for mutant in survivors[:SURVIVORS_SHOWN]:
+        lines += _survivor(mutant)
+    rest = survivors[SURVIVORS_SHOWN:]
+    if rest:
+        lines += [f"And {len(rest)} more (their diffs are in `audit.json` and `index.html`):", ""]
+        lines += [f"- `{m.id}`: {_cell(m.region)}, line {m.line}" for m in rest]
+        lines.append("")
+    return lines
+
+
+def _mutants(count: int) -> str:
+    return f"{count} mutant{'' if count == 1 else 's'}"
+
+
+def _nothing_changed(results: AuditResults, since: ChangeRecord) -> list[str]:
+    name = since.path.rsplit("/", 1)[-1]
+    return [
+        f"## fence-audit: nothing changed in {_code(name)} since {_code(since.ref)}",
+        "",
+        f"{_compared(since)}: no changed line, so no mutant was judged and the gate was "
+        f"not checked. vLLM {_cell(results.vllm_version)}.",
+        "",
+    ]
+
+
+def _compared(since: ChangeRecord) -> str:
+    """What a pull-request run compared: ``path`` since ``ref`` (``sha``)."""
+    path = _code(since.path)
+    if since.renamed:
+        path += f" (renamed from {_code(since.old_path)})"
+    elif not since.old_path:
+        path += " (new since then)"
+    return f"{path} since {_code(since.ref)} (`{since.commit[:12]}`)"
+
+
+def _code(text: str) -> str:
+    """A code span that holds ``text`` whatever backticks it has (a git ref may)."""
+    longest = max((len(run) for run in re.findall("`+", text)), default=0)
+    pad = " " if longest else ""
+    return f"{'`' * (longest + 1)}{pad}{text}{pad}{'`' * (longest + 1)}"
+
+
+def _finding_tests(count: int, left_out: int) -> str:
+    """How a finding shows in this project's tests on the unmutated code."""
+    tests = f"{count} test{'s' if count != 1 else ''} of this project"
+    if not left_out:
+        return f"{tests}, strict expected failures on this release"
+    return f"{tests} fail on the unmutated code; {left_out} of them judged no mutant"
 
 
 def _score_table(results: AuditResults, previous: AuditResults | None) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from audit.findings import Found
 from audit.protocol import LineEdit, MutantStatus, TestResult
 
 COVERAGE_MAP_FORMAT = 1
@@ -33,6 +34,13 @@ class BaselineRun:
     data_file: Path  # coverage.py data, one context per test id
     log: Path
     duration_s: float
+    # real vLLM bugs this release has, by the tests they fail: left out of the mutant phase
+    findings: tuple[Found, ...] = ()
+
+    @property
+    def finding_tests(self) -> frozenset[str]:
+        """Tests red on the unmutated code because of a finding: they judge no mutant."""
+        return frozenset(t for found in self.findings for t in found.failed)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from coverage.parser import PythonParser
@@ -47,17 +47,35 @@ def build_mutants(
     filename: str,
     regions: tuple[Region, ...],
     lines_to_tests: Mapping[int, tuple[str, ...]],
+    *,
+    functions: Iterable[str] | None = None,
+    place: Callable[[tuple[int, ...]], str | None] | None = None,
+    near: Collection[int] | None = None,
 ) -> MutantSet:
-    functions = sorted({f for region in regions for f in region.functions})
+    """mutmut's mutants of the region functions, each in the one region holding all its
+    changed lines (or listed as out of region).
+
+    Pull-request mode (:mod:`audit.changes`) gives the ``functions`` holding changed
+    lines instead, and ``place``: a mutant's region from its changed lines, or None to
+    leave it out (on no changed line); nothing is then out of region. ``near``: the
+    changed lines, to skip early the mutations that cannot touch them."""
+    if functions is None:
+        functions = sorted({f for region in regions for f in region.functions})
+    functions = sorted(functions)
     region_of_line = {line: region.name for region in regions for line in region.lines}
     tests_of = TestsOfLines(source, filename, lines_to_tests)
     original = source.splitlines(keepends=True)
 
     mutants: list[Mutant] = []
     outside: list[OutOfRegion] = []
-    for mutation in mutmut_adapter.generate(source, functions):
+    for mutation in mutmut_adapter.generate(source, functions, near):
         identifier = mutant_id(mutation)
-        owners = {region_of_line.get(line, "") for line in mutation.changed_lines}
+        if place is None:
+            owners = {region_of_line.get(line, "") for line in mutation.changed_lines}
+        else:  # pull-request mode: its region, the group, or not on the change at all
+            owners = {place(mutation.changed_lines) or ""}
+            if "" in owners:
+                continue
         if len(owners) != 1 or "" in owners:
             outside.append(OutOfRegion(identifier, mutation.function, mutation.line))
             continue

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,8 +86,14 @@ class _RecordingVisitor(MutationVisitor):
                 self.records.append((name, position, variant, node, mutated, outer))
 
 
-def generate(source: str, functions: Iterable[str]) -> list[Mutation]:
-    """Every mutmut mutation inside ``functions`` (qualified names) of ``source``."""
+def generate(
+    source: str, functions: Iterable[str], near: Collection[int] | None = None
+) -> list[Mutation]:
+    """Every mutmut mutation inside ``functions`` (qualified names) of ``source``.
+
+    ``near`` (pull-request mode): only mutations of a node that spans, or borders, one
+    of these lines. Rendering a mutation costs most of the time here, and a mutation's
+    edits lie within its node's lines, so the others are skipped before rendering."""
     wanted = set(functions)
     wrapper = MetadataWrapper(cst.parse_module(source))
     pragmas = PragmaVisitor("<audited module>")
@@ -111,6 +117,8 @@ def generate(source: str, functions: Iterable[str]) -> list[Mutation]:
         ordinals[id(outer)] += 1
         qualname = qualnames.get(id(outer))
         if qualname not in wanted or not isinstance(outer, cst.FunctionDef) or where is None:
+            continue
+        if near is not None and not _borders(where, near):
             continue
         if id(outer) not in rendered:
             rendered[id(outer)] = _locate(module, outer, positions[outer].start.line, file_lines)
@@ -138,6 +146,11 @@ def generate(source: str, functions: Iterable[str]) -> list[Mutation]:
             )
         )
     return mutations
+
+
+def _borders(where: CodeRange, lines: Collection[int]) -> bool:
+    """Whether a node's lines, or the line on either side, include one of ``lines``."""
+    return any(line in lines for line in range(where.start.line - 1, where.end.line + 2))
 
 
 def _qualnames(module: cst.Module) -> dict[int, str]:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from audit import (
     catalogue,
+    changes,
     coverage_map,
     environment,
     executor,
@@ -36,6 +37,7 @@ from audit.config import Config, GateThresholds, SuitePath
 from audit.environment import Fingerprint
 from audit.equivalents import Equivalent, apply_equivalents, load_equivalents
 from audit.errors import ConfigError, RunInterrupted
+from audit.findings import Finding, load_findings
 from audit.gate import GateResult, evaluate
 from audit.jobs import ExecutorOptions
 from audit.model import (
@@ -69,6 +71,10 @@ class Prepared:
     before: Fingerprint
     catalogue: tuple[Entry, ...] = ()
     equivalents: tuple[Equivalent, ...] = ()
+    # Pull-request mode (--since): what changed in the target; ``regions`` then ends
+    # with the group of the changed code outside every region (changes.OUTSIDE).
+    changed: changes.ChangedCode | None = None
+    findings: tuple[Finding, ...] = ()  # real vLLM bugs, by release (docs/findings.toml)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,10 +106,16 @@ class MutationStage:
 
 
 def prepare(
-    config: Config, *, vllm_src: Path | None = None, writes_reports: bool = True
+    config: Config,
+    *,
+    vllm_src: Path | None = None,
+    writes_reports: bool = True,
+    since: str | None = None,
 ) -> Prepared:
     """``writes_reports``: the command writes to the reports folder, which must then be
-    writable and hold nothing fence-audit did not write (checked first, writing nothing)."""
+    writable and hold nothing fence-audit did not write (checked first, writing nothing).
+    ``since``: a git ref of the ``vllm_src`` checkout; only the target's code changed
+    since then is audited (pull-request mode)."""
     if writes_reports:
         outputs.check_reports_dir(config.reports_dir)
     # The project's own files first: a broken one costs no download.
@@ -125,6 +137,11 @@ def prepare(
         sha256=environment.sha256_file(path),
     )
     regions = resolve_regions(text, config.regions, filename=str(path), version=vllm.version)
+    changed = None
+    if since is not None:
+        relpath = environment.module_relpath(config.target)
+        changed = changes.changed_since(source.root, since, relpath)
+        regions = (*regions, changes.outside_group(changed, text, regions))
     return Prepared(
         config,
         vllm,
@@ -134,6 +151,8 @@ def prepare(
         before,
         entries,
         equivalents,
+        changed,
+        load_findings(config.findings_file, config.project_dir),
     )
 
 
@@ -162,7 +181,9 @@ def coverage(prepared: Prepared, suite_entries: tuple[SuitePath, ...] = ()) -> C
     work = outputs.scratch(config.reports_dir)
     outputs.claim(config.reports_dir, "logs/baseline.log")  # written by start_baseline
     suite = stage_suite(config, prepared.source, suite_entries or config.suite, work)
-    run, warm = start_baseline(config, suite, prepared.target, work)
+    run, warm = start_baseline(
+        config, suite, prepared.target, work, prepared.findings, prepared.vllm.version
+    )
     try:
         after = environment.verify_untouched(prepared.vllm, config.target)
         cmap = coverage_map.build_coverage_map(run, prepared.vllm.version)
@@ -197,9 +218,14 @@ def _mutate(
     config = prepared.config
     for name in only:
         config.region(name)  # an unknown name is a ConfigError naming the known ones
-    regions = tuple(r for r in prepared.regions if not only or r.name in only)
+    regions = run_regions(prepared, only)
     source = prepared.target.path.read_text(encoding="utf-8")
-    mutant_set = build_mutants(source, str(prepared.target.path), regions, stage.coverage_map.lines)
+    if prepared.changed is None:
+        mutant_set = build_mutants(
+            source, str(prepared.target.path), regions, stage.coverage_map.lines
+        )
+    else:
+        mutant_set = _changed_mutants(prepared, regions, source, stage.coverage_map.lines)
     others = {
         e.module: environment.installed_file(prepared.vllm, e.module)
         for e in prepared.catalogue
@@ -216,6 +242,8 @@ def _mutate(
         version=prepared.vllm.version,
         aliases=catalogue.function_aliases(config.regions),
     )
+    if prepared.changed is not None:
+        entries = changes.changed_catalogue(entries, prepared.changed)
     mutants = (*mutant_set.mutants, *entries.mutants)
     hashes = function_hashes(source, {m.function for m in mutants if not m.module})
     for module, path in others.items():
@@ -261,8 +289,11 @@ def _mutate(
     # Every mutant of the run, judged or not (an interrupted run's); and the regions it
     # left out (--region): records there say nothing about this run.
     left_out = tuple(r for r in prepared.regions if r not in regions)
+    reviewed = prepared.equivalents
+    if prepared.changed is not None:  # the run judged the changed code only
+        reviewed = tuple(e for e in reviewed if e.id in {m.id for m in every_mutant})
     verdicts, equivalence = apply_equivalents(
-        every_mutant, verdicts, hashes, prepared.equivalents, left_out=left_out
+        every_mutant, verdicts, hashes, reviewed, left_out=left_out
     )
     after = environment.verify_untouched(prepared.vllm, config.target)
     names = [region.name for region in regions]
@@ -284,6 +315,8 @@ def _mutate(
         started_at=started_at,
         duration_s=duration,
         incomplete=incomplete,
+        since=changes.record(prepared.changed) if prepared.changed else None,
+        findings=stage.run.findings,
     )
     if incomplete is not None:
         report(config, config.reports_dir / "audit.json")
@@ -295,10 +328,74 @@ def _mutate(
             },
         )
     tallies = results.tally_by_region(mutants, verdicts, names)
-    overall = Tally.of(verdicts[m.id].status for m in mutants)
+    overall = Tally.of(verdicts[m.id].status for m in mutants if m.region != changes.OUTSIDE)
     return MutationStage(
         stage, mutant_set, entries, mutants, verdicts, tallies, overall, duration, after
     )
+
+
+def run_regions(prepared: Prepared, only: tuple[str, ...]) -> tuple[Region, ...]:
+    """The regions a run judges: all, or those named in ``only`` (--region); in
+    pull-request mode the group of the changed code outside them always."""
+    return tuple(
+        r
+        for r in prepared.regions
+        if not only or r.name in only or (prepared.changed and r.name == changes.OUTSIDE)
+    )
+
+
+def _changed_mutants(
+    prepared: Prepared,
+    regions: tuple[Region, ...],
+    source: str,
+    lines_to_tests: dict[int, tuple[str, ...]],
+) -> MutantSet:
+    """Pull-request mode: mutmut's mutants of the functions holding changed lines, kept
+    when they lie on one, in their region (one of ``regions``) or in changes.OUTSIDE."""
+    changed = prepared.changed
+    assert changed is not None
+    fence = tuple(r for r in prepared.regions if r.name != changes.OUTSIDE)
+    return build_mutants(
+        source,
+        str(prepared.target.path),
+        regions,
+        lines_to_tests,
+        functions=changes.functions_holding(source, changed.lines),
+        place=changes.placer(changed, fence, (r.name for r in regions)),
+        near=changed.lines,
+    )
+
+
+def unchanged(
+    prepared: Prepared, only: tuple[str, ...], suite_entries: tuple[SuitePath, ...] = ()
+) -> Path:
+    """Pull-request mode when the target did not change: no baseline, no mutant;
+    ``audit.json`` says what was compared, for the reports to say so."""
+    config = prepared.config
+    assert prepared.changed is not None
+    entries = suite_entries or config.suite
+    path = config.reports_dir / "audit.json"
+    outputs.claim(config.reports_dir, "audit.json")
+    results.write_audit(
+        path,
+        target=prepared.target,
+        vllm_version=prepared.vllm.version,
+        suite={
+            "tests_from": prepared.source.origin,
+            "paths": [*(str(e) for e in entries), *(f"plugin {e}" for e in config.plugins)],
+        },
+        mutants=(),
+        verdicts={},
+        out_of_region=(),
+        regions=run_regions(prepared, only),
+        coverage=(),
+        coverage_map=CoverageMap(prepared.target, prepared.vllm.version),
+        line_coverage={},
+        started_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        duration_s=0.0,
+        since=changes.record(prepared.changed),
+    )
+    return path
 
 
 @dataclass(frozen=True, slots=True)

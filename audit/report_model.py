@@ -15,8 +15,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
+from audit.changes import OUTSIDE
 from audit.model import Fraction
 from audit.protocol import MutantStatus
 from audit.results import Tally, killed_by_vllm
@@ -70,6 +72,7 @@ class MutantRecord:
     bug: str = ""
     symptom: str = ""
     history: str = ""
+    lines: tuple[int, ...] = ()  # the lines of the audited file it changes
 
     @property
     def anchor(self) -> str:
@@ -147,6 +150,70 @@ class SourceFunction:
 
 
 @dataclass(frozen=True, slots=True)
+class FindingRecord:
+    """A real vLLM bug this release has: its tests failed on the unmutated code and
+    judged no mutant (docs/findings.toml)."""
+
+    id: str
+    title: str
+    doc: str
+    releases: tuple[str, ...]
+    tests: tuple[str, ...]
+    left_out: tuple[str, ...] = ()  # red on the unmutated code: they judged no mutant
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeRecord:
+    """A pull-request run (``--since REF``): what was compared, and the score of every
+    mutant of the run (all lie on changed code; the group outside the regions too)."""
+
+    ref: str
+    commit: str
+    path: str
+    old_path: str  # the target's path at ``ref``; "" when the file is new since
+    lines: tuple[tuple[int, int], ...]  # changed lines, as inclusive runs
+    deletions: tuple[int, ...]  # pure deletions: the line before each (0: the top)
+    tally: Tally
+    killed_by_vllm: int = 0
+
+    @property
+    def group(self) -> str:
+        """The region of the changed code outside every fence region, scored apart."""
+        return OUTSIDE
+
+    @property
+    def line_count(self) -> int:
+        return sum(last - first + 1 for first, last in self.lines)
+
+    @property
+    def renamed(self) -> bool:
+        return bool(self.old_path) and self.old_path != self.path
+
+    def described(self) -> str:
+        """``HEAD~1 (1a2b3c4d5e6f)``."""
+        return f"{self.ref} ({self.commit[:12]})"
+
+    def lines_text(self, limit: int = 0) -> str:
+        """``478 changed lines (5-6, 21-23, and 76 more); 12 pure deletions, ...``."""
+        lines = self.line_count
+        text = f"{lines} changed line{'' if lines == 1 else 's'} ({self.ranges_text(limit)})"
+        if self.deletions:
+            count = len(self.deletions)
+            text += (
+                f"; {count} pure deletion{'' if count == 1 else 's'}, each marking the lines "
+                "on either side"
+            )
+        return text
+
+    def ranges_text(self, limit: int = 0) -> str:
+        """``3-4, 18, 30-41``; with ``limit``, the first ``limit`` runs and how many more."""
+        shown = self.lines[:limit] if limit else self.lines
+        text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in shown)
+        more = len(self.lines) - len(shown)
+        return f"{text}, and {more} more" if more else text
+
+
+@dataclass(frozen=True, slots=True)
 class AuditResults:
     path: Path
     tool_version: str
@@ -170,6 +237,8 @@ class AuditResults:
     tool_name: str = "fence-audit"
     # An interrupted run: (mutants judged, of how many); the file holds only those judged.
     incomplete: tuple[int, int] | None = None
+    since: ChangeRecord | None = None  # a pull-request run (--since REF)
+    findings: tuple[FindingRecord, ...] = ()  # real vLLM bugs of this release
 
     @property
     def vllm_score(self) -> float | None:
@@ -216,10 +285,11 @@ def _results(path: Path, document: Fields) -> AuditResults:
     _check_unique(mutants)
     # Every tally is recomputed from the mutants; the stored ones must agree.
     tallies = {f"regions.{n}": _tally([m for m in mutants if m.region == n]) for n in names}
-    tallies["score"] = _tally(mutants)
+    tallies["score"] = _tally([m for m in mutants if m.region != OUTSIDE])  # scored apart
     stored = {f"regions.{name}": stored_tally(body) for name, body in bodies}
     overall = document.object("score")
     stored["score"] = stored_tally(overall)
+    since = _since(document, names, mutants, stored, tallies)
     regions = tuple(_region(name, body, tallies[f"regions.{name}"]) for name, body in bodies)
     tool, target = document.object("tool"), document.object("target")
     suite = document.object("suite", optional=True)
@@ -246,6 +316,8 @@ def _results(path: Path, document: Fields) -> AuditResults:
         equivalents=tuple(_equivalent(e) for e in document.objects("equivalents", optional=True)),
         overall_killed_by_vllm=tallies["score"][1],
         incomplete=_incomplete(document, len(mutants)),
+        since=since,
+        findings=tuple(_finding(f) for f in document.objects("findings", optional=True)),
     )
     for part in (overall, tool, target, suite, document):
         part.close()
@@ -312,6 +384,7 @@ def _mutant(body: Fields, regions: tuple[str, ...]) -> MutantRecord:
         duration_s=body.number("duration_s", 0.0),
         diff=body.text("diff", ""),
         cached=body.flag("cached", False),
+        lines=tuple(count(n, w, minimum=1) for w, n in _items(body, "lines")),
         **{key: body.text(key, "") for key in _MUTANT_TEXTS},
     )
     body.close()
@@ -386,6 +459,19 @@ def _out_of_region(body: Fields) -> str:
     return identifier
 
 
+def _finding(body: Fields) -> FindingRecord:
+    record = FindingRecord(
+        id=body.text("id"),
+        title=body.text("title"),
+        doc=body.text("doc"),
+        releases=body.texts("releases"),
+        tests=body.texts("tests"),
+        left_out=body.texts("left_out", optional=True),
+    )
+    body.close()
+    return record
+
+
 CATALOGUE_STATES = ("applied", "stale", "carried", "not yet")
 
 
@@ -416,6 +502,63 @@ def _equivalent(body: Fields) -> EquivalentRecord:
     )
     body.close()
     return record
+
+
+def _since(
+    document: Fields,
+    regions: tuple[str, ...],
+    mutants: tuple[MutantRecord, ...],
+    stored: dict[str, dict[str, object]],
+    tallies: dict[str, tuple[Tally, int]],
+) -> ChangeRecord | None:
+    """``since`` of a pull-request run (None for a run of the whole fence); its score is
+    recomputed from every mutant, and checked with the other tallies."""
+    if document.raw("since", None) is None:
+        if OUTSIDE in regions:
+            raise Invalid(f"regions.{OUTSIDE}", "only a pull-request run (since) has this group")
+        return None
+    body = document.object("since")
+    score = body.object("score")
+    stored["since.score"] = stored_tally(score)
+    tallies["since.score"] = _tally(mutants)
+    old_path = body.raw("old_path", None)
+    record = ChangeRecord(
+        ref=body.text("ref"),
+        commit=_commit(body.raw("commit"), body.where("commit")),
+        path=body.text("path"),
+        old_path="" if old_path is None else text(old_path, body.where("old_path")),
+        lines=tuple(_run(value, where) for where, value in _items(body, "lines")),
+        deletions=tuple(count(n, w) for w, n in _items(body, "deletions")),
+        tally=tallies["since.score"][0],
+        killed_by_vllm=tallies["since.score"][1],
+    )
+    if not record.ref:
+        raise Invalid(body.where("ref"), "empty")
+    for number, (before, after) in enumerate(pairwise(record.lines), 1):
+        if after[0] <= before[1]:
+            where = f"{body.where('lines')}[{number}]"
+            raise Invalid(where, "overlaps or precedes the run before it")
+    for part in (score, body):
+        part.close()
+    return record
+
+
+def _commit(value: object, where: str) -> str:
+    sha = text(value, where)
+    if not re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", sha):
+        raise Invalid(where, f"{sha!r} is not a full commit sha")
+    return sha
+
+
+def _run(value: object, where: str) -> tuple[int, int]:
+    """A ``[first, last]`` run of changed lines."""
+    bounds = items(value, where)
+    if len(bounds) != 2:
+        raise Invalid(where, f"expected [first, last], got {len(bounds)} numbers")
+    first, last = (count(n, w, minimum=1) for w, n in bounds)
+    if first > last:
+        raise Invalid(where, f"first line {first} is after last line {last}")
+    return first, last
 
 
 def _incomplete(document: Fields, mutants: int) -> tuple[int, int] | None:

@@ -19,10 +19,23 @@ audit.json format history:
   Status ``equivalent`` (a reviewed survivor, outside the score) with the mutant's
   ``equivalence`` reason; ``equivalents`` lists each record of mutants/equivalents.toml
   with its state (applied, expired, killed, not survived, absent).
+  ``findings``: the real vLLM bugs this release has (docs/findings.toml) whose tests
+  failed on the unmutated code, each with ``id``, ``title``, ``doc``, ``releases`` and
+  its ``tests``, of which ``left_out`` were red on the unmutated code and judged no
+  mutant (strict expected failures stay in the mutant phase); absent when none.
   Per region, ``absent``: the parts of the region this vLLM release does not have yet
   (a selection whose ``since`` is later), each as text; absent when there are none.
   ``incomplete``: ``{"judged": N, "of": M}`` for an interrupted run, whose file holds
-  only the N mutants judged so far; absent for a complete run. Every count and score is
+  only the N mutants judged so far; absent for a complete run.
+  ``since``: a pull-request run (``--since REF``): ``ref``, ``commit`` (the sha git
+  resolved it to), ``path`` and ``old_path`` (the target's path at REF; null when new
+  since), ``lines`` (the changed lines of the target as inclusive ``[first, last]``
+  runs), ``deletions`` (pure deletions: the line before each, 0 for the top) and
+  ``score``: the tally of every mutant of the run, all on changed lines. Its mutants
+  outside every region are in the region ``changed-outside-regions``, which the
+  overall ``score`` leaves out. Absent for a run of the whole fence. Each mutant's
+  ``lines``: the lines of the audited file it changes (a catalogue entry: its anchor
+  statements'); absent in older files. Every count and score is
   recomputed from the mutants on read (:mod:`audit.results_schema`): a file whose stored
   tallies disagree is refused.
 """
@@ -38,7 +51,9 @@ from typing import Any
 
 from audit import __version__
 from audit.catalogue import CatalogueMutants
+from audit.changes import OUTSIDE
 from audit.files import write_json
+from audit.findings import Found
 from audit.model import (
     CoverageMap,
     Fraction,
@@ -108,10 +123,14 @@ def write_audit(
     catalogue: CatalogueMutants | None = None,
     equivalents: list[dict[str, Any]] | None = None,
     incomplete: tuple[int, int] | None = None,
+    since: dict[str, Any] | None = None,
+    findings: tuple[Found, ...] = (),
 ) -> dict[str, Any]:
     tallies = tally_by_region(mutants, verdicts, (r.name for r in regions))
     reasons = {e["id"]: e["reason"] for e in equivalents or () if e["state"] == "applied"}
-    overall = Tally.of(verdicts[m.id].status for m in mutants)
+    # The group of changed code outside every region (pull-request mode) is scored apart.
+    scored = tuple(m for m in mutants if m.region != OUTSIDE)
+    overall = Tally.of(verdicts[m.id].status for m in scored)
     by_name = {c.name: c for c in coverage}
     absent = {r.name: [str(part) for part in r.absent] for r in regions if r.absent}
     test_ids = sorted(set(coverage_map.durations) | {t for m in mutants for t in m.covered_by})
@@ -124,7 +143,7 @@ def write_audit(
         "engine": engine,
         "started_at": started_at,
         "duration_s": round(duration_s, 3),
-        "score": {**_score(overall), "killed_by_vllm": _by_vllm(mutants, verdicts)},
+        "score": {**_score(overall), "killed_by_vllm": _by_vllm(scored, verdicts)},
         "regions": {
             name: {
                 **_region(by_name.get(name)),
@@ -145,6 +164,22 @@ def write_audit(
     }
     if incomplete is not None:  # an interrupted run: only the mutants judged so far
         document["incomplete"] = {"judged": incomplete[0], "of": incomplete[1]}
+    if since is not None:  # pull-request mode: every mutant lies on changed code
+        changed = Tally.of(verdicts[m.id].status for m in mutants)
+        score = {**_score(changed), "killed_by_vllm": _by_vllm(mutants, verdicts)}
+        document["since"] = {**since, "score": score}
+    if findings:  # real vLLM bugs this release has: their tests judged no mutant
+        document["findings"] = [
+            {
+                "id": found.finding.id,
+                "title": found.finding.title,
+                "doc": found.finding.doc,
+                "releases": list(found.finding.releases),
+                "tests": list(found.tests),
+                "left_out": list(found.failed),  # red on the unmutated code: judged nothing
+            }
+            for found in findings
+        ]
     write_json(path, document)
     return document
 
@@ -312,6 +347,7 @@ def _mutant(
         "function": mutant.function,
         "operator": mutant.operator,
         "line": mutant.line,
+        "lines": sorted(set(mutant.changed_lines)),
         "status": result.status.value,
         "killed_by": result.killed_by or None,
         "failure": result.failure or None,

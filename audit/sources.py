@@ -108,19 +108,27 @@ def sdist_archive(version: str, *, index_url: str, cache_dir: Path) -> str:
 
 def sdist_module(version: str, module: str, *, index_url: str, cache_dir: Path) -> str:
     """The text of ``module`` (dotted) as vLLM ``version``'s sdist ships it: a release's
-    code, read without installing the release."""
-    sdist_archive(version, index_url=index_url, cache_dir=cache_dir)
+    code, read without installing the release. Kept in the cache beside the archive,
+    keyed by the archive's sha256, so a second read decompresses nothing."""
+    relpath = module_relpath(module)
+    kept = cache_dir / "modules" / f"vllm-{version}" / relpath
+    digest_file = cache_dir / "sdist" / f"vllm-{version}.tar.gz.sha256"
+    stamp = kept.with_name(kept.name + ".sha256")
+    fresh = kept.is_file() and stamp.is_file() and digest_file.is_file()
+    if fresh and stamp.read_text().strip() == digest_file.read_text().strip():
+        return kept.read_text(encoding="utf-8")
+    digest = sdist_archive(version, index_url=index_url, cache_dir=cache_dir)
     archive = cache_dir / "sdist" / f"vllm-{version}.tar.gz"
-    member = f"vllm-{version}/{module_relpath(module)}"
+    member = f"vllm-{version}/{relpath}"
     try:
         with tarfile.open(archive, "r:gz") as tar:
             extracted = tar.extractfile(member)
             if extracted is None:
                 raise KeyError(member)
-            return extracted.read().decode("utf-8")
+            text = extracted.read().decode("utf-8")
     except KeyError:
         raise SourceUnavailable(
-            f"vLLM {version}'s sdist has no {module_relpath(module)}",
+            f"vLLM {version}'s sdist has no {relpath}",
             details={"archive": str(archive), "next": "check the module name (target = ...)"},
         ) from None
     except (tarfile.TarError, EOFError, zlib.error, UnicodeDecodeError) as error:
@@ -128,6 +136,9 @@ def sdist_module(version: str, module: str, *, index_url: str, cache_dir: Path) 
             f"{archive.name} cannot be read as a .tar.gz archive",
             details={"archive": str(archive), "error": str(error), "next": "delete it, run again"},
         ) from None
+    write_text(kept, text)
+    write_text(stamp, digest + "\n")
+    return text
 
 
 def _find_on_index(index_url: str, filename: str, cache_dir: Path) -> tuple[str, str]:

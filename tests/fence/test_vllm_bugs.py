@@ -1,13 +1,16 @@
-"""Real vLLM 0.33.0 fence bugs this suite found, kept as expected failures.
+"""Real vLLM fence bugs this suite found, kept as expected failures.
 
-Each is written up for vLLM's maintainers in ``docs/``; when vLLM fixes one, its
-test starts to pass, ``xfail_strict`` turns that into a failure, and the marker
-comes off.
+Each is written up for vLLM's maintainers in ``docs/`` and registered in
+``docs/findings.toml`` with the releases that have it; ``known_bug`` makes its tests
+strict expected failures on those releases only. When vLLM fixes one, its test
+starts to pass there, ``xfail_strict`` turns that into a failure, and the registry
+says which release fixed it.
 """
 
 from __future__ import annotations
 
 import pytest
+from fence_findings import known_bug
 from fence_harness import PREEMPTED_THEN_FINISHED, ContentViolation, FenceEngine, Plan
 from fence_oracle import FenceOracle, FenceViolation
 
@@ -57,9 +60,9 @@ def test_sliding_window_request_runs_clean_without_reset(
     assert e.fence == {}
 
 
-@pytest.mark.xfail(
+@known_bug(
+    "reset-sliding-window",
     raises=ContentViolation,
-    strict=True,
     reason=(
         "vLLM 0.33.0: _reset_cache rewinds next_stored_chunk_idx to 0 for running "
         "requests, but sliding-window block ids below the old start were never zeroed "
@@ -78,9 +81,9 @@ def test_reset_cache_does_not_store_a_reused_sliding_window_block(
     e.drain()
 
 
-@pytest.mark.xfail(
+@known_bug(
+    "reset-sliding-window",
     raises=ContentViolation,
-    strict=True,
     reason=f"the same vLLM 0.33.0 bug, with chunks of three blocks (see {REPORT})",
 )
 def test_reset_cache_with_three_block_chunks_does_not_store_a_reused_block() -> None:
@@ -105,9 +108,9 @@ def test_reset_cache_with_three_block_chunks_does_not_store_a_reused_block() -> 
 PREEMPTION_REPORT = "docs/vllm-bug-preempted-final-store.md"
 
 
-@pytest.mark.xfail(
+@known_bug(
+    "preempted-final-store",
     raises=ContentViolation,
-    strict=True,
     reason=(
         "vLLM 0.33.0: with async scheduling, a request preempted while its last token "
         "is in flight finishes with that token; the connector then builds its final "
@@ -176,9 +179,9 @@ def _final_tail_workload(**options: object) -> FenceEngine:
     return e
 
 
-@pytest.mark.xfail(
+@known_bug(
+    "final-sliding-window-tail",
     raises=(FenceViolation, ContentViolation),
-    strict=True,
     reason=(
         "vLLM 0.33.0: a finished request's reconsidered final sliding-window tail "
         "re-reads block ids below next_stored_chunk_idx, which the zeroing never "
@@ -196,9 +199,9 @@ def test_reconsidered_final_sliding_window_tail_is_not_stored_from_a_reused_bloc
     _final_tail_workload()
 
 
-@pytest.mark.xfail(
+@known_bug(
+    "final-sliding-window-tail",
     raises=ContentViolation,
-    strict=True,
     reason=f"the same vLLM 0.33.0 bug, with a block re-used in an earlier step (see {TAIL_REPORT})",
 )
 def test_reconsidered_final_tail_is_not_stored_from_a_block_reused_earlier() -> None:
@@ -225,9 +228,9 @@ def test_final_tail_workload_runs_clean_without_a_reconsidered_tail(
     assert ("r0", 1, 2) not in e.stored_positions()
 
 
-@pytest.mark.xfail(
+@known_bug(
+    "final-sliding-window-tail",
     raises=ContentViolation,
-    strict=True,
     reason=f"the same vLLM 0.33.0 bug, with chunks of two blocks (see {TAIL_REPORT})",
 )
 def test_reconsidered_final_tail_with_two_block_chunks() -> None:

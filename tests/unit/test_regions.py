@@ -101,7 +101,16 @@ def test_unmatched_anchor_names_region_function_anchor_and_closest() -> None:
 def test_every_unresolved_anchor_is_listed_at_once() -> None:
     specs = [
         spec("a", Selection("Sched.gone")),
-        spec("b", Selection("Sched.build", (StatementSelector("x = 1"), StatementSelector("y"),))),
+        spec(
+            "b",
+            Selection(
+                "Sched.build",
+                (
+                    StatementSelector("x = 1"),
+                    StatementSelector("y"),
+                ),
+            ),
+        ),
         spec("c", Selection("Sched.remove", (StatementSelector("del self.fence[bid]"),))),
     ]
     with pytest.raises(RegionUnresolved) as info:

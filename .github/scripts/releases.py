@@ -1,0 +1,102 @@
+"""The vLLM releases a run of the fence-audit workflow audits, as a JSON list.
+
+Every release with a lock (locks/vllm-VERSION.txt) is audited, so a new lock adds a
+job to the matrix without editing the workflow. Standard library only: the workflow's
+first job runs it on the runner's own Python, before any setup.
+
+    releases.py                        every release with a lock, oldest first
+    releases.py --only "0.32.0 0.33.0" those (each must have a lock)
+    releases.py --pull-request FILE    the configured release (pyproject.toml's
+                                       vllm-version) and every release whose lock is
+                                       among the changed paths listed in FILE
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+LOCK = re.compile(r"^vllm-(?P<version>[0-9][0-9A-Za-z.+-]*)\.txt$")
+
+
+class ReleaseError(Exception):
+    """The requested releases cannot be audited (no lock, or none at all)."""
+
+
+def version_key(version: str) -> list[tuple[int, int | str]]:
+    """Orders 0.9.0 before 0.10.0 (numbers as numbers, other parts after them)."""
+    return [(0, int(part)) if part.isdigit() else (1, part) for part in version.split(".")]
+
+
+def locked(locks: Path) -> list[str]:
+    """Every release with a lock in ``locks``, oldest first."""
+    found = [m["version"] for p in locks.glob("vllm-*.txt") if (m := LOCK.match(p.name))]
+    return sorted(found, key=version_key)
+
+
+def configured(pyproject: Path) -> str:
+    return str(tomllib.loads(pyproject.read_text())["tool"]["fence-audit"]["vllm-version"])
+
+
+def select(
+    available: list[str],
+    *,
+    only: str = "",
+    changed: list[str] | None = None,
+    default: str = "",
+) -> list[str]:
+    """The releases to audit.
+
+    ``only``: releases named by hand (spaces or commas between them); empty means all.
+    ``changed``: a pull request's changed paths: then the configured ``default``
+    release, plus every release whose lock the pull request adds or changes.
+    """
+    if not available:
+        raise ReleaseError("no lock in locks/ (locks/vllm-VERSION.txt): nothing to audit")
+    if changed is not None:
+        in_locks = (Path(p) for p in changed if Path(p).parent == Path("locks"))
+        wanted = {default} | {m["version"] for p in in_locks if (m := LOCK.match(p.name))}
+    elif only.strip():
+        wanted = set(re.split(r"[\s,]+", only.strip()))
+    else:
+        return list(available)
+    missing = sorted(wanted - set(available), key=version_key)
+    if missing:
+        raise ReleaseError(
+            f"no lock for vLLM {', '.join(missing)}: write it with `nox -s lock -- VERSION` "
+            f"(releases with a lock: {', '.join(available)})"
+        )
+    return [v for v in available if v in wanted]
+
+
+def main(argv: list[str] | None = None, root: Path = ROOT) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="releases to audit; empty: all")
+    parser.add_argument(
+        "--pull-request", type=Path, metavar="FILE", help="the changed paths, one a line"
+    )
+    args = parser.parse_args(argv)
+    changed = None
+    if args.pull_request is not None:
+        changed = [line.strip() for line in args.pull_request.read_text().splitlines()]
+    try:
+        releases = select(
+            locked(root / "locks"),
+            only=args.only,
+            changed=changed,
+            default=configured(root / "pyproject.toml"),
+        )
+    except ReleaseError as exc:
+        print(f"releases: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(releases))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
