@@ -29,6 +29,7 @@ import hashlib
 import os
 import shutil
 import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -51,9 +52,10 @@ def vllm_version() -> str:
     return os.environ.get("FENCE_AUDIT_VLLM_VERSION") or configured
 
 
-def lean_env(session: nox.Session) -> Path:
-    """Create (or reuse) the lean vLLM environment; return its bin folder."""
-    version = vllm_version()
+def lean_env(session: nox.Session, version: str | None = None) -> Path:
+    """Create (or reuse) the lean vLLM environment of ``version`` (default: the
+    configured one); return its bin folder."""
+    version = version or vllm_version()
     lock = LOCKS / f"vllm-{version}.txt"
     if not lock.is_file():
         session.error(
@@ -94,8 +96,16 @@ def ensure_chromium(session: nox.Session) -> None:
 
 
 def fence_audit(session: nox.Session, *args: str) -> None:
+    """Run fence-audit in the lean environment; its exit code is nox's (nox itself would
+    turn every failure into 1, and CI tells a failed gate, 2, from a broken run)."""
     bindir = lean_env(session)
-    session.run(str(bindir / "fence-audit"), *args, *session.posargs, external=True)
+    try:
+        session.run(str(bindir / "fence-audit"), *args, *session.posargs, external=True)
+    except nox.command.CommandFailed as failed:
+        code = getattr(failed, "return_code", None)
+        if code:
+            raise SystemExit(code) from None
+        raise
 
 
 BENCH_SUITE = "tests/v1/kv_connector/unit/offloading_connector/test_scheduler.py"
@@ -121,6 +131,98 @@ def bench(session: nox.Session) -> None:
     defined on; pass other options after `--`.
     """
     fence_audit(session, "bench", "--suite", f"vllm:{BENCH_SUITE}")
+
+
+RELEASES_DIR = ROOT / "reports" / "releases"
+# What a release's audit depends on in this repository: a release whose last audit
+# finished (exit 0 or 2) with the same fingerprint is not audited again.
+AUDIT_INPUTS = ("audit", "mutants", "tests/fence", "docs/findings.toml", "pyproject.toml")
+
+
+def release_order(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split(".") if part.isdigit())
+
+
+def locked_releases() -> list[str]:
+    versions = [p.name.removeprefix("vllm-").removesuffix(".txt") for p in LOCKS.glob("vllm-*.txt")]
+    return sorted(versions, key=release_order)
+
+
+def audit_fingerprint(version: str) -> str:
+    digest = hashlib.sha256((LOCKS / f"vllm-{version}.txt").read_bytes())
+    for name in AUDIT_INPUTS:
+        path = ROOT / name
+        files = sorted(path.rglob("*")) if path.is_dir() else [path]
+        for file in files:
+            if file.is_file() and "__pycache__" not in file.parts:
+                digest.update(str(file.relative_to(ROOT)).encode() + b"\0" + file.read_bytes())
+    return digest.hexdigest()
+
+
+@nox.session(default=False)
+def releases(session: nox.Session) -> None:
+    """Audit each vLLM release in its own lean environment, then write the releases page.
+
+    `nox -s releases -- [VERSION ...] [--page-only]`: default every release with a lock.
+    Each release's reports go to reports/releases/VERSION/ (its audit.json kept) with a
+    status.json (exit code, fingerprint). Interrupted, it resumes: a release whose last
+    audit finished with the same inputs is skipped, an unfinished one resumes from the
+    verdict cache. --page-only writes reports/releases/{index.html,releases.json,
+    releases.md} from the audits already there (CI's merge job).
+    """
+    import json
+    import subprocess
+
+    session.install("-e", ".")
+    page_only = "--page-only" in session.posargs
+    versions = [a for a in session.posargs if a != "--page-only"] or locked_releases()
+    failed: list[str] = []
+    for version in [] if page_only else versions:
+        folder = RELEASES_DIR / version
+        status_file = folder / "status.json"
+        fingerprint = (
+            audit_fingerprint(version) if (LOCKS / f"vllm-{version}.txt").is_file() else ""
+        )
+        try:
+            status = json.loads(status_file.read_text())
+        except (OSError, ValueError):
+            status = {}
+        results = folder / "audit.json"
+        finished = status.get("exit_code") in (0, 2) and status.get("fingerprint") == fingerprint
+        if finished and results.is_file() and "incomplete" not in results.read_text():
+            session.log(
+                f"vLLM {version}: audited already with these inputs (exit {status['exit_code']})"
+            )
+            continue
+        bindir = lean_env(session, version)
+        session.log(f"vLLM {version}: fence-audit mutate --reports {folder.relative_to(ROOT)}")
+        started = time.monotonic()
+        code = subprocess.run(
+            [str(bindir / "fence-audit"), "mutate", "--reports", str(folder)],
+            env={**os.environ, "FENCE_AUDIT_VLLM_VERSION": version},
+            check=False,
+        ).returncode
+        if code == 130:  # Ctrl-C: the verdicts so far are kept; a rerun resumes
+            session.error(f"vLLM {version}: interrupted; run `nox -s releases` again to resume")
+        folder.mkdir(parents=True, exist_ok=True)
+        status_file.write_text(
+            json.dumps(
+                {
+                    "version": version,
+                    "exit_code": code,
+                    "fingerprint": fingerprint,
+                    "wall_s": round(time.monotonic() - started, 1),
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+        session.log(f"vLLM {version}: exit {code} in {time.monotonic() - started:.0f} s")
+        if code not in (0, 2):
+            failed.append(f"{version} (exit {code})")
+    session.run("python", "-m", "audit.releases", str(RELEASES_DIR))
+    if failed:
+        session.error(f"these releases' audits did not finish: {', '.join(failed)}")
 
 
 @nox.session(venv_backend="none")
