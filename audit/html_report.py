@@ -102,7 +102,8 @@ def render_index(results: AuditResults) -> str:
     if results.findings:
         items = "".join(
             f"<li><strong>{escape(f.id)}</strong>: {escape(f.title)} "
-            f'(<a href="{escape(f.doc)}">write-up</a>; releases {escape(", ".join(f.releases))})'
+            f"(write-up: <code>{escape(f.doc)}</code> in fence-audit's repository; releases "
+            f"{escape(', '.join(f.releases))})"
             "<br>failing on the unmutated code: "
             + ", ".join(
                 f"<code>{escape(t)}</code>"

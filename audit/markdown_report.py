@@ -82,7 +82,8 @@ def render_summary(results: AuditResults, previous: AuditResults | None = None) 
     if results.findings:
         lines += [f"### Real vLLM bugs in this release ({len(results.findings)})", ""]
         lines += [
-            f"- **{_cell(f.id)}**: {_cell(f.title)} ([write-up]({_cell(f.doc)})); "
+            f"- **{_cell(f.id)}**: {_cell(f.title)} "
+            f"(write-up: `{_cell(f.doc)}` in fence-audit's repository); "
             + _finding_tests(len(f.tests), len(f.left_out))
             for f in results.findings
         ]

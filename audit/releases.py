@@ -165,7 +165,7 @@ def render_markdown(rows: list[ReleaseRow]) -> str:
             percent_text(row.regions[r].score) if r in row.regions else "" for r in regions
         ]
         score = percent_text(row.score) + (" (incomplete)" if row.state == "incomplete" else "")
-        findings = ", ".join(f"[{f['id']}]({f['doc']})" for f in row.findings) or "none"
+        findings = ", ".join(f"{f['id']} (`{f['doc']}`)" for f in row.findings) or "none"
         lines.append(
             f"| {row.version} | {score} of {row.judged} | {percent_text(row.vllm_score)} | "
             + " | ".join(per_region)
@@ -211,7 +211,7 @@ def render_html(rows: list[ReleaseRow]) -> str:
             for r in regions
         )
         findings = ", ".join(
-            f'<a href="{escape(f["doc"])}" title="{escape(f["title"])}">{escape(f["id"])}</a>'
+            f'<span title="{escape(f["title"])}: {escape(f["doc"])}">{escape(f["id"])}</span>'
             for f in row.findings
         )
         incomplete = " <em>(incomplete)</em>" if row.state == "incomplete" else ""

@@ -63,7 +63,7 @@ def test_the_three_pages_are_written(releases: Path) -> None:
     assert main([str(releases)]) == 0
     table = (releases / "releases.md").read_text()
     assert "| 0.28.0 | audit stopped: baseline failed (exit 4) |" in table
-    assert "[reset-bug](docs/vllm-bug-reset.md)" in table
+    assert "reset-bug (`docs/vllm-bug-reset.md`)" in table
     assert "- 0.10.0: `catalogue:flush-check-moved`" in table
     assert [r["version"] for r in json.loads((releases / "releases.json").read_text())] == [
         "0.10.0",
