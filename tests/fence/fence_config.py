@@ -8,6 +8,10 @@ of a layout and the block sizes the engine core resolves from them.
 
 from __future__ import annotations
 
+import dataclasses
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -22,17 +26,40 @@ from vllm.config import (
     SchedulerConfig,
     VllmConfig,
 )
-from vllm.v1.core.kv_cache_utils import (
-    resolve_cache_hit_alignment_tokens,
-    resolve_kv_cache_block_sizes,
-)
+from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
 from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
     KVCacheTensor,
+    MambaSpec,
     SlidingWindowSpec,
 )
+
+try:
+    # vLLM 0.32.0 on: the engine core also resolves the prefix-cache hit alignment and
+    # writes it, with the hash block size, into the KVCacheConfig. vLLM 0.28.0-0.31.0
+    # have neither the function nor the two fields: there the connector derives its
+    # hash size from the groups itself, and the scheduler gets it as an argument.
+    from vllm.v1.core.kv_cache_utils import resolve_cache_hit_alignment_tokens
+except ImportError:
+    resolve_cache_hit_alignment_tokens = None
+
+# The prefix-cache checkpoint retention of sliding-window groups. vLLM 0.29.0 on: a
+# CacheConfig field (default 0), copied into the KVCacheConfig for the KV-cache
+# manager; the connector reads the CacheConfig's (0.30.0 on). vLLM 0.28.0 has neither
+# field: only the KV-cache coordinator reads it, from the environment variable
+# VLLM_PREFIX_CACHE_RETENTION_INTERVAL (unset: dense), which it refuses for a model
+# without a sliding-window or Mamba group (see :func:`retention_environment`).
+RETENTION_ENV = "VLLM_PREFIX_CACHE_RETENTION_INTERVAL"
+RETENTION_IN_CONFIG = "prefix_cache_retention_interval" in {
+    f.name for f in dataclasses.fields(CacheConfig)
+}
+_KV_CACHE_CONFIG_FIELDS = {f.name for f in dataclasses.fields(KVCacheConfig)}
+
+# A KV-cache tensor names its layers and their strides from vLLM 0.29.0 on; vLLM 0.28.0
+# names the layers that share it (``shared_by``). See :func:`kv_cache_tensor`.
+_KV_CACHE_TENSOR_FIELDS = {f.name for f in dataclasses.fields(KVCacheTensor)}
 
 Layout = Literal["full", "sliding", "mixed"]
 
@@ -49,6 +76,30 @@ class EngineConfig:
     group_block_sizes: list[int]  # per KV-cache group
     scheduler_block_size: int  # the lcm of the groups' block sizes
     hash_block_size: int  # their gcd: block hashes are chained at this size
+    retention_interval: int | None  # sliding-window checkpoint retention (None: dense)
+
+
+@contextmanager
+def retention_environment(config: EngineConfig) -> Iterator[None]:
+    """Where the release reads the checkpoint retention from the environment (vLLM
+    0.28.0), set it there while the scheduler (and its KV-cache coordinator) is
+    built; elsewhere, nothing to do: the configs carry it."""
+    sliding = any(
+        isinstance(g.kv_cache_spec, (SlidingWindowSpec, MambaSpec))
+        for g in config.kv_cache.kv_cache_groups
+    )
+    if RETENTION_IN_CONFIG or config.retention_interval is None or not sliding:
+        yield
+        return
+    old = os.environ.get(RETENTION_ENV)
+    os.environ[RETENTION_ENV] = str(config.retention_interval)
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[RETENTION_ENV]
+        else:
+            os.environ[RETENTION_ENV] = old
 
 
 def engine_config(
@@ -78,29 +129,25 @@ def engine_config(
         retention_interval=retention_interval,
         **options,
     )
-    kv_cache_config = KVCacheConfig(
-        num_blocks=num_gpu_blocks,
-        kv_cache_tensors=[
-            KVCacheTensor(
-                size=g.kv_cache_spec.page_size_bytes * num_gpu_blocks,
-                layers=list(g.layer_names),
-                layer_stride=g.kv_cache_spec.page_size_bytes * num_gpu_blocks,
-                block_stride=g.kv_cache_spec.page_size_bytes,
-            )
-            for g in groups
-        ],
-        kv_cache_groups=groups,
+    retention: dict[str, Any] = {}
+    if "prefix_cache_retention_interval" in _KV_CACHE_CONFIG_FIELDS:
         # as vLLM's kv_cache_planning does: the KV-cache manager and the
         # connector read the same retention
-        prefix_cache_retention_interval=retention_interval,
+        retention["prefix_cache_retention_interval"] = retention_interval
+    kv_cache_config = KVCacheConfig(
+        num_blocks=num_gpu_blocks,
+        kv_cache_tensors=[kv_cache_tensor(g, num_gpu_blocks) for g in groups],
+        kv_cache_groups=groups,
+        **retention,
     )
     # as vLLM's engine core does: with several block sizes, the scheduler steps in
     # their lcm and hashes in their gcd
     scheduler_block_size, hash_block_size = resolve_kv_cache_block_sizes(kv_cache_config, config)
-    kv_cache_config.hash_block_size = hash_block_size
-    kv_cache_config.cache_hit_alignment_tokens = resolve_cache_hit_alignment_tokens(
-        kv_cache_config, config, scheduler_block_size, hash_block_size
-    )
+    if resolve_cache_hit_alignment_tokens is not None:  # 0.32.0 on (see the import)
+        kv_cache_config.hash_block_size = hash_block_size
+        kv_cache_config.cache_hit_alignment_tokens = resolve_cache_hit_alignment_tokens(
+            kv_cache_config, config, scheduler_block_size, hash_block_size
+        )
     return EngineConfig(
         vllm=config,
         kv_cache=kv_cache_config,
@@ -108,7 +155,22 @@ def engine_config(
         group_block_sizes=group_block_sizes,
         scheduler_block_size=scheduler_block_size,
         hash_block_size=hash_block_size,
+        retention_interval=retention_interval,
     )
+
+
+def kv_cache_tensor(group: KVCacheGroupSpec, num_gpu_blocks: int) -> KVCacheTensor:
+    """One layer-outermost tensor for a group's one layer."""
+    page = group.kv_cache_spec.page_size_bytes
+    if "layers" in _KV_CACHE_TENSOR_FIELDS:  # vLLM 0.29.0 on: layers and their strides
+        return KVCacheTensor(
+            size=page * num_gpu_blocks,
+            layers=list(group.layer_names),
+            layer_stride=page * num_gpu_blocks,
+            block_stride=page,
+        )
+    # vLLM 0.28.0: the layers that share the tensor, unpacked (no strides)
+    return KVCacheTensor(size=page * num_gpu_blocks, shared_by=list(group.layer_names))  # type: ignore[call-arg]
 
 
 def kv_cache_groups(
@@ -156,7 +218,8 @@ def vllm_config(
     )
     cache = CacheConfig(block_size=block_size, enable_prefix_caching=True)
     cache.num_gpu_blocks = num_gpu_blocks
-    cache.prefix_cache_retention_interval = retention_interval
+    if RETENTION_IN_CONFIG:  # vLLM 0.29.0 on (see retention_environment)
+        cache.prefix_cache_retention_interval = retention_interval
     extra: dict[str, Any] = {
         "spec_name": fence_transfers.FenceOffloadingSpec.__name__,
         "spec_module_path": fence_transfers.__name__,

@@ -34,6 +34,14 @@ PARAM = "remote_tokens"
 ENGINE: Any = None
 
 
+def first_connector(multi: Any) -> Any:
+    """The first of a MultiConnector's connectors (the OffloadingConnector, here).
+    vLLM 0.30.0 on exposes them as ``sub_connectors``; vLLM 0.28.0-0.29.0 only as the
+    private ``_connectors`` list, the same objects."""
+    connectors = getattr(multi, "sub_connectors", None)
+    return (connectors if connectors is not None else multi._connectors)[0]
+
+
 @dataclass
 class RemoteLoads(KVConnectorMetadata):
     # request id -> (first token, end token, block ids per KV-cache group)

@@ -12,7 +12,7 @@ import itertools
 from collections.abc import Sequence
 
 import fence_remote
-from fence_config import EngineConfig
+from fence_config import EngineConfig, retention_environment
 from fence_ledger import JobLedger, StepRecord
 from vllm import SamplingParams
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
@@ -54,14 +54,15 @@ class SchedulerSide:
         self.async_scheduling = async_scheduling
         self.ledger = ledger
         scheduler_cls = AsyncScheduler if async_scheduling else Scheduler
-        self.scheduler = scheduler_cls(
-            vllm_config=config.vllm,
-            kv_cache_config=config.kv_cache,
-            log_stats=False,
-            structured_output_manager=StructuredOutputManager(config.vllm),
-            block_size=config.scheduler_block_size,
-            hash_block_size=config.hash_block_size,
-        )
+        with retention_environment(config):
+            self.scheduler = scheduler_cls(
+                vllm_config=config.vllm,
+                kv_cache_config=config.kv_cache,
+                log_stats=False,
+                structured_output_manager=StructuredOutputManager(config.vllm),
+                block_size=config.scheduler_block_size,
+                hash_block_size=config.hash_block_size,
+            )
         self.connector = _offloading_scheduler(self.scheduler.connector, remote_source)
         self.requests: dict[str, Request] = {}
         self.reset_since_last_step = False
@@ -174,7 +175,7 @@ def _offloading_scheduler(
     """The OffloadingConnector's scheduler side."""
     if remote_source:  # MultiConnector: the OffloadingConnector, then the remote
         assert isinstance(connector, MultiConnector)
-        connector = connector.sub_connectors[0]
+        connector = fence_remote.first_connector(connector)
     assert isinstance(connector, OffloadingConnector)
     assert connector.connector_scheduler is not None
     return connector.connector_scheduler

@@ -9,6 +9,7 @@ completes each transfer when the test says (a delay in steps, or held).
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,14 @@ from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 
 if TYPE_CHECKING:
     from fence_harness import FenceEngine
+
+# The CPU tier's capacity, in offload chunks: vLLM 0.30.0 on names it ``num_chunks``;
+# vLLM 0.28.0-0.29.0 name the same count ``num_blocks`` (one CPU block per chunk).
+_CPU_CAPACITY = (
+    "num_chunks"
+    if "num_chunks" in inspect.signature(CPUOffloadingManager.__init__).parameters
+    else "num_blocks"
+)
 
 # A completion delay in engine steps after submission (0: completes in the step it is
 # submitted, after that step's forward pass), or None: held until released.
@@ -139,9 +148,8 @@ class FenceOffloadingSpec(OffloadingSpec):
                 if self.extra_config.get("request_level")
                 else CPUOffloadingManager
             )
-            self._manager = manager_cls(
-                num_chunks=int(self.extra_config["cpu_chunks"]), cache_policy="lru"
-            )
+            capacity = {_CPU_CAPACITY: int(self.extra_config["cpu_chunks"])}
+            self._manager = manager_cls(cache_policy="lru", **capacity)
         return self._manager
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:

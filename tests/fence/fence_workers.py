@@ -13,6 +13,7 @@ import zlib
 from collections.abc import KeysView, Mapping
 from typing import TYPE_CHECKING, Any
 
+import fence_remote
 import torch
 from fence_config import EngineConfig
 from fence_transfers import FakeTransferWorker, FenceOffloadingSpec
@@ -66,7 +67,7 @@ class WorkerSide:
         with set_current_vllm_config(config.vllm):
             self.connector.register_kv_caches(caches)
         offloading = (
-            self.connector.sub_connectors[0]
+            fence_remote.first_connector(self.connector)
             if isinstance(self.connector, MultiConnector)
             else self.connector
         )

@@ -9,6 +9,8 @@ Mamba "align" layout, fed scheduler outputs that carry boundary-state hand-offs.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from fence_harness import FenceOffloadingSpec, vllm_config
@@ -25,7 +27,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import (
 )
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-from vllm.v1.core.sched.output import KVConnectorBlockState, SchedulerOutput
+from vllm.v1.core.sched import output as sched_output
+from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
@@ -36,6 +39,32 @@ from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import Request
 
 BLOCK = 16
+
+# How a step's scheduler output hands the connector a recurrent group's boundary
+# state, per release:
+# - vLLM 0.30.0 on: ``kv_connector_block_state``, a ``KVConnectorBlockState`` with
+#   ``req_ids`` and ``resolve_block_ids`` beside ``boundary_state_offloads``;
+# - vLLM 0.29.0: the same class with a ``block_ids`` dict in place of those two;
+# - vLLM 0.28.0: no such class; ``partial_tail_offloads`` carries the hand-offs of
+#   partial tails only (mid-block boundaries), and a hand-off on a block boundary has
+#   no store at all: ``_build_aligned_boundary_store_jobs`` came in 0.29.0.
+BLOCK_STATE = getattr(sched_output, "KVConnectorBlockState", None)
+HAS_BOUNDARY_STORES = hasattr(OffloadingConnectorScheduler, "_build_aligned_boundary_store_jobs")
+
+
+def _hand_offs(handoffs: dict[str, list[tuple[int, int, int]]]) -> SchedulerOutput:
+    output = SchedulerOutput.make_empty()
+    if BLOCK_STATE is None:  # 0.28.0
+        output.partial_tail_offloads = handoffs  # type: ignore[attr-defined]
+        return output
+    fields = {f.name for f in dataclasses.fields(BLOCK_STATE)}
+    ids: dict[str, object] = (
+        {"req_ids": set(), "resolve_block_ids": {}.__getitem__}
+        if "resolve_block_ids" in fields
+        else {"block_ids": {}}  # 0.29.0
+    )
+    output.kv_connector_block_state = BLOCK_STATE(boundary_state_offloads=handoffs, **ids)
+    return output
 
 
 class Recurrent:
@@ -91,12 +120,7 @@ class Recurrent:
     def hand_off(self, block_id: int, tokens: int) -> int:
         """A step whose scheduler hands off the Mamba state at ``tokens`` in
         ``block_id``; returns the store job it creates."""
-        output = SchedulerOutput.make_empty()
-        output.kv_connector_block_state = KVConnectorBlockState(
-            req_ids=set(),
-            resolve_block_ids={}.__getitem__,
-            boundary_state_offloads={"req": [(1, block_id, tokens)]},
-        )
+        output = _hand_offs({"req": [(1, block_id, tokens)]})
         meta = self.sched.build_connector_meta(output)
         self.check()
         (job,) = meta.store_jobs
@@ -108,6 +132,24 @@ class Recurrent:
         self.check()
 
 
+def test_a_partial_tail_store_stays_fenced_until_it_completes() -> None:
+    """A partial-tail store alone (every release since 0.28.0 has them): it fences
+    the attention block and the copy-on-write block it reads, and its completion
+    removes both (M-A7)."""
+    r = Recurrent()
+    tail = r.hand_off(99, 28)
+    assert r.sched._block_id_to_pending_jobs == {12: {tail}, 99: {tail}}
+    assert r.sched._jobs[tail].is_store
+    r.complete(tail)
+    assert r.sched._block_id_to_pending_jobs == {}
+    assert not r.sched._jobs
+
+
+@pytest.mark.skipif(
+    not HAS_BOUNDARY_STORES,
+    reason="this vLLM has no aligned-boundary stores (_build_aligned_boundary_store_jobs, "
+    "vLLM 0.29.0 on): a hand-off on a block boundary stores nothing",
+)
 @pytest.mark.parametrize("first", ["partial tail", "boundary"])
 def test_hand_off_stores_stay_fenced_until_they_complete(first: str) -> None:
     """Each hand-off store fences exactly its source blocks, and its completion

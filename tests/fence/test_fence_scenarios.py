@@ -11,8 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from fence_harness import FenceEngine, Plan
-from fence_oracle import FenceOracle, check_state
+from fence_findings import known_bug
+from fence_harness import ContentViolation, FenceEngine, Plan
+from fence_oracle import FenceOracle, FenceViolation, check_state
 
 BOTH = pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 
@@ -172,14 +173,37 @@ def test_fence_entries_stay_until_every_worker_reports(async_scheduling: bool) -
     assert not e.connector._jobs
 
 
+@known_bug(
+    "reset-preempt-reload",
+    raises=AssertionError,
+    reason=(
+        "the requests preempted by the reset that hit the CPU tier are reloaded in the "
+        "same step; the preemption flush then takes the new load job for a store and "
+        "its assertion fails (see docs/vllm-bug-reset-preempt-reload.md)"
+    ),
+)
 def test_every_preempted_request_is_flushed() -> None:
     """Preemption flushes the stores of every preempted request, also when another
     preempted request has nothing in flight (the loop must ``continue``, not stop).
 
     Preempted requests come as a set, in no fixed order: with one request holding
     stores among six, a loop that stops early goes unnoticed only if that request
-    happens to come first; eight rounds make that chance negligible (6^-8).
+    happens to come first; eight rounds make that chance negligible (6^-8). The
+    other five requests' stores have completed, so they come back in the same step
+    with a load from the CPU tier, which the flush must leave out.
     """
+    _preempt_six_in_eight_rounds(other_prompt=8)
+
+
+def test_every_preempted_request_is_flushed_when_none_is_reloaded() -> None:
+    """The same, with the other five requests' prompts shorter than a block: they
+    store nothing, so they come back with no load, and their transfer jobs are
+    empty. It keeps the loop's ``continue`` guarded on releases where a reload in
+    the preemption step trips docs/vllm-bug-reset-preempt-reload.md."""
+    _preempt_six_in_eight_rounds(other_prompt=2)
+
+
+def _preempt_six_in_eight_rounds(other_prompt: int) -> None:
     ref: list[FenceEngine] = []
     holders = [f"held{k}" for k in range(8)]
     e = engine(
@@ -190,9 +214,8 @@ def test_every_preempted_request_is_flushed() -> None:
         base = 1000 * (round_ + 1)
         e.add_request(range(base, base + 8), 6, req_id=holders[round_])
         for k in range(5):
-            e.add_request(
-                range(base + 100 * (k + 1), base + 100 * (k + 1) + 8), 6, req_id=f"r{round_}.{k}"
-            )
+            start = base + 100 * (k + 1)
+            e.add_request(range(start, start + other_prompt), 6, req_id=f"r{round_}.{k}")
         e.step()
         e.step()
         held = jobs_of(e, holders[round_])
@@ -206,6 +229,16 @@ def test_every_preempted_request_is_flushed() -> None:
     assert e.fence == {}
 
 
+@known_bug(
+    "multiconnector-allocation-unseen",
+    raises=(FenceViolation, ContentViolation),
+    reason=(
+        "update_state_after_alloc returns on num_external_tokens == 0 before it "
+        "collects the step's allocated blocks, so blocks another connector loads into "
+        "are never checked against the fence "
+        "(see docs/vllm-bug-multiconnector-allocation-unseen.md)"
+    ),
+)
 @BOTH
 def test_blocks_another_connector_loads_into_are_checked_against_the_fence(
     async_scheduling: bool,
