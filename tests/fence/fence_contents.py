@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
 
 
-# A vLLM 0.33.0 bug the harness can tolerate (FenceEngine(tolerate=...)), so that
+# A vLLM bug (0.28.0-0.33.0) the harness can tolerate (FenceEngine(tolerate=...)), so that
 # random workloads keep hunting for others: a request preempted by an async step while
 # its last token was in flight finishes with that token, and the connector builds its
 # final store from the blocks the preemption freed (docs/vllm-bug-preempted-final-store.md).

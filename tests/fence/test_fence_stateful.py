@@ -187,7 +187,7 @@ class FenceMachine(RuleBasedStateMachine):
             self.engine.abort(data.draw(st.sampled_from(alive)))
 
     def _can_reset(self) -> bool:
-        # A reset while a sliding-window request runs trips a real vLLM 0.33.0 bug
+        # A reset while a sliding-window request runs trips a real vLLM bug (0.28.0-0.33.0)
         # (docs/vllm-bug-reset-sliding-window.md; test_reset_rewinds_sliding_window_to_stale_ids
         # keeps it as an expected failure): the random workloads leave it out so
         # that they keep hunting for other failures.
