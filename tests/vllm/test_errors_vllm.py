@@ -27,8 +27,9 @@ function = "OffloadingConnectorScheduler._remove_pending_jobs"
     )
     result = fence_audit("regions", "--config", str(config), cwd=tmp_path)
     assert result.returncode == ExitCode.REGION_UNRESOLVED == 6
-    assert "region 'removal'" in result.stderr
-    assert "OffloadingConnectorScheduler._remove_pending_jobs" in result.stderr
+    assert "1 region anchor does not resolve" in result.stderr
+    assert "removal: no function OffloadingConnectorScheduler._remove_pending_jobs" in result.stderr
+    assert "closest: OffloadingConnectorScheduler._remove_pending_job (line " in result.stderr
     assert not (tmp_path / "reports").exists()
 
 
