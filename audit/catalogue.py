@@ -21,7 +21,7 @@ import types
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, overload
+from typing import Literal
 
 from audit.config import RegionSpec, release_key
 from audit.errors import ConfigError
@@ -428,7 +428,11 @@ def _already_there(change: Change, function: FunctionNode, name: str, lines: lis
     if change.action == "delete":
         return ""
     if change.action == "replace":
-        if _find_any(function, change.statements, change.occurrence, name, lines, quiet=True):
+        try:
+            _find_any(function, change.statements, change.occurrence, name, lines)
+        except _Stale:  # the statement to replace is gone: is its replacement there?
+            pass
+        else:
             return ""
         new = _squash(change.new)
         holder = next(
@@ -499,42 +503,21 @@ def _edits(
     return edits, [*touched, *range(target.lineno, target_end + 1)]
 
 
-@overload
 def _find_any(
     function: FunctionNode,
     anchors: tuple[str, ...],
     occurrence: int,
     qualname: str,
     lines: list[str],
-    quiet: Literal[False] = False,
-) -> ast.stmt: ...
-@overload
-def _find_any(
-    function: FunctionNode,
-    anchors: tuple[str, ...],
-    occurrence: int,
-    qualname: str,
-    lines: list[str],
-    quiet: Literal[True],
-) -> ast.stmt | None: ...
-def _find_any(
-    function: FunctionNode,
-    anchors: tuple[str, ...],
-    occurrence: int,
-    qualname: str,
-    lines: list[str],
-    quiet: bool = False,
-) -> ast.stmt | None:
+) -> ast.stmt:
     """The statement of the first anchor that finds one; the first anchor's reason if
-    none does (or None, ``quiet``)."""
+    none does."""
     first: _Stale | None = None
     for anchor in anchors:
         try:
             return _find_statement(function, anchor, occurrence, qualname, lines)
         except _Stale as why:
             first = first or why
-    if quiet:
-        return None
     assert first is not None
     raise first
 

@@ -11,10 +11,10 @@ from the ``status.json`` the nox session writes (the exit code).
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import asdict, dataclass, field
 from html import escape
 from pathlib import Path
-from typing import Any
 
 from audit.config import release_key
 from audit.errors import AuditError, ConfigError, ExitCode
@@ -124,16 +124,12 @@ def write_pages(folder: Path) -> list[Path]:
         )
     texts = {
         "index.html": render_html(rows),
-        "releases.json": json.dumps([_json(row) for row in rows], indent=2) + "\n",
+        "releases.json": json.dumps([asdict(row) for row in rows], indent=2) + "\n",
         "releases.md": render_markdown(rows),
     }
     for name, text in texts.items():
         write_text(folder / name, text)
     return [folder / name for name in PAGES]
-
-
-def _json(row: ReleaseRow) -> dict[str, Any]:
-    return asdict(row)
 
 
 def _regions(rows: list[ReleaseRow]) -> list[str]:
@@ -286,8 +282,6 @@ def _chart(rows: list[ReleaseRow]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m audit.releases FOLDER``: write the releases pages over FOLDER."""
-    import sys
-
     args = sys.argv[1:] if argv is None else argv
     folder = Path(args[0] if args else "reports/releases")
     try:
