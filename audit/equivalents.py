@@ -2,7 +2,10 @@
 
 ``mutants/equivalents.toml`` lists them; each verdict names the sha256 of its
 function's source as reviewed, and expires when that source changes (the mutant is
-then a plain survivor again, and the reports say the verdict expired). A mutant
+then a plain survivor again, and the reports say the verdict expired). The same
+mutation in another release's code is another mutant (its id counts lines from the
+function's start, and the function may have another name): a verdict's ``[[also]]``
+lists those, each with the source it was reviewed against, under the same reason. A mutant
 recorded as equivalent that a test kills shows the verdict was wrong: it stays
 killed and the reports flag the record.
 """
@@ -21,6 +24,16 @@ from audit.protocol import MutantStatus
 from audit.regions import Region
 
 _KEYS = {"id", "function_sha256", "reason", "reviewed"}
+_SITE_KEYS = {"id", "function_sha256", "reviewed"}
+
+
+@dataclass(frozen=True, slots=True)
+class Site:
+    """One mutant a verdict covers, with the function source it was reviewed against."""
+
+    id: str
+    function_sha256: str
+    reviewed: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +42,11 @@ class Equivalent:
     function_sha256: str  # of the function's source when the verdict was reviewed
     reason: str
     reviewed: str  # date, and by whom if the project wants it
+    also: tuple[Site, ...] = ()  # the same mutation in other releases' code
+
+    @property
+    def sites(self) -> tuple[Site, ...]:
+        return (Site(self.id, self.function_sha256, self.reviewed), *self.also)
 
 
 def load_equivalents(path: Path | None) -> tuple[Equivalent, ...]:
@@ -43,17 +61,32 @@ def load_equivalents(path: Path | None) -> tuple[Equivalent, ...]:
     out = []
     for number, record in enumerate(records, 1):
         where = f"{path} [[equivalent]] {number}"
-        if not isinstance(record, dict) or set(record) - _KEYS:
+        values = _strings(record, _KEYS, _KEYS | {"also"}, where)
+        also = record.get("also", [])
+        if not isinstance(also, list):
             raise ConfigError(
-                "unknown key in an [[equivalent]]",
-                details={"file": where, "allowed": ", ".join(sorted(_KEYS))},
+                "'also' must be a list of [[equivalent.also]] tables", details={"file": where}
             )
-        values = {key: record.get(key) for key in _KEYS}
-        for key, value in values.items():
-            if not isinstance(value, str) or not value.strip():
-                raise ConfigError(f"{key!r} must be a non-empty string", details={"file": where})
-        out.append(Equivalent(**values))  # type: ignore[arg-type]
+        sites = tuple(
+            Site(**_strings(site, _SITE_KEYS, _SITE_KEYS, f"{where} [[also]] {n}"))
+            for n, site in enumerate(also, 1)
+        )
+        out.append(Equivalent(**values, also=sites))
     return tuple(out)
+
+
+def _strings(record: object, keys: set[str], allowed: set[str], where: str) -> dict[str, str]:
+    """``record``'s ``keys``, each a non-empty string; a key outside ``allowed`` is an error."""
+    if not isinstance(record, dict) or set(record) - allowed:
+        raise ConfigError(
+            "unknown key in an [[equivalent]]",
+            details={"file": where, "allowed": ", ".join(sorted(allowed))},
+        )
+    values = {key: record.get(key) for key in keys}
+    for key, value in values.items():
+        if not isinstance(value, str) or not value.strip():
+            raise ConfigError(f"{key!r} must be a non-empty string", details={"file": where})
+    return values  # type: ignore[return-value]
 
 
 def apply_equivalents(
@@ -80,16 +113,16 @@ def apply_equivalents(
     updated = dict(verdicts)
     records = []
     for equivalent in equivalents:
-        mutant = by_id.get(equivalent.id)
-        if mutant is None and _may_lie_in(equivalent.id, skipped):
+        site = _site_in_run(equivalent, by_id, function_hashes)
+        mutant = by_id.get(site.id)
+        if mutant is None and any(_may_lie_in(s.id, skipped) for s in equivalent.sites):
             continue
         if mutant is not None and mutant.id not in verdicts:
             continue
         state = "absent"
         if mutant is not None:
-            key = f"{mutant.module}:{mutant.function}" if mutant.module else mutant.function
             status = verdicts[mutant.id].status
-            if function_hashes.get(key) != equivalent.function_sha256:
+            if function_hashes.get(_function_key(mutant)) != site.function_sha256:
                 state = "expired"
             elif status in (MutantStatus.SURVIVED, MutantStatus.NO_TESTS):
                 state = "applied"
@@ -100,13 +133,29 @@ def apply_equivalents(
                 state = "not survived"
         records.append(
             {
-                "id": equivalent.id,
+                "id": site.id,
                 "state": state,
                 "reason": equivalent.reason,
-                "reviewed": equivalent.reviewed,
+                "reviewed": site.reviewed,
             }
         )
     return updated, records
+
+
+def _site_in_run(
+    equivalent: Equivalent, by_id: Mapping[str, Mutant], function_hashes: Mapping[str, str]
+) -> Site:
+    """The site this run generated whose reviewed source is the run's; else one it
+    generated (the verdict has expired); else the verdict's own (absent)."""
+    generated = [s for s in equivalent.sites if s.id in by_id]
+    for site in generated:
+        if function_hashes.get(_function_key(by_id[site.id])) == site.function_sha256:
+            return site
+    return generated[0] if generated else equivalent.sites[0]
+
+
+def _function_key(mutant: Mutant) -> str:
+    return f"{mutant.module}:{mutant.function}" if mutant.module else mutant.function
 
 
 def _may_lie_in(mutant_id: str, functions: set[str]) -> bool:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from audit.equivalents import Equivalent, apply_equivalents, load_equivalents
+from audit.equivalents import Equivalent, Site, apply_equivalents, load_equivalents
 from audit.errors import ConfigError
 from audit.model import Mutant, MutantResult
 from audit.protocol import MutantStatus
@@ -88,3 +88,44 @@ def test_a_broken_equivalents_file_is_a_config_error(tmp_path: Path, body: str) 
 def test_no_file_means_no_verdicts(tmp_path: Path) -> None:
     assert load_equivalents(tmp_path / "missing.toml") == ()
     assert load_equivalents(None) == ()
+
+
+def test_a_verdict_follows_the_same_mutation_into_other_releases_code() -> None:
+    """One reason, several sites: the one whose id and reviewed source are this run's."""
+    verdict = Equivalent(
+        "F.f:swap@30#0",
+        "h-new",
+        "order does not matter",
+        "first review",
+        also=(
+            Site("F.f:swap@26#0", "h-old-1", "on release one"),
+            Site("F.f:swap@26#0", "h-old-2", "on release two"),
+        ),
+    )
+    survived = {"F.f:swap@26#0": MutantResult("F.f:swap@26#0", MutantStatus.SURVIVED)}
+    for source, state, reviewed in [
+        ("h-old-2", "applied", "on release two"),
+        ("h-old-1", "applied", "on release one"),
+        ("h-changed", "expired", "on release one"),
+    ]:
+        updated, records = apply_equivalents(
+            [mutant("F.f:swap@26#0")], survived, {"F.f": source}, [verdict]
+        )
+        assert (records[0]["id"], records[0]["state"]) == ("F.f:swap@26#0", state)
+        assert records[0]["reviewed"] == reviewed
+        expected = MutantStatus.EQUIVALENT if state == "applied" else MutantStatus.SURVIVED
+        assert updated["F.f:swap@26#0"].status is expected
+    _, records = apply_equivalents([mutant("other")], {}, {"F.f": "h-new"}, [verdict])
+    assert (records[0]["id"], records[0]["state"]) == ("F.f:swap@30#0", "absent")
+
+
+def test_the_also_sites_load_and_reject_unknown_keys(tmp_path: Path) -> None:
+    path = tmp_path / "equivalents.toml"
+    record = '[[equivalent]]\nid = "a"\nfunction_sha256 = "h"\nreason = "r"\nreviewed = "d"\n'
+    site = '[[equivalent.also]]\nid = "b"\nfunction_sha256 = "g"\n'
+    path.write_text(record + site + 'reviewed = "e"\n')
+    (loaded,) = load_equivalents(path)
+    assert [site.id for site in loaded.sites] == ["a", "b"]
+    path.write_text(record + site + 'reason = "r"\n')
+    with pytest.raises(ConfigError, match="unknown key"):
+        load_equivalents(path)
