@@ -291,7 +291,8 @@ def _mutate(
     left_out = tuple(r for r in prepared.regions if r not in regions)
     reviewed = prepared.equivalents
     if prepared.changed is not None:  # the run judged the changed code only
-        reviewed = tuple(e for e in reviewed if e.id in {m.id for m in every_mutant})
+        judged = {m.id for m in every_mutant}
+        reviewed = tuple(e for e in reviewed if any(s.id in judged for s in e.sites))
     verdicts, equivalence = apply_equivalents(
         every_mutant, verdicts, hashes, reviewed, left_out=left_out
     )
