@@ -12,6 +12,7 @@ import difflib
 import hashlib
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from coverage.parser import PythonParser
 
@@ -51,6 +52,7 @@ def build_mutants(
     functions: Iterable[str] | None = None,
     place: Callable[[tuple[int, ...]], str | None] | None = None,
     near: Collection[int] | None = None,
+    cache_dir: Path | None = None,
 ) -> MutantSet:
     """mutmut's mutants of the region functions, each in the one region holding all its
     changed lines (or listed as out of region).
@@ -58,7 +60,8 @@ def build_mutants(
     Pull-request mode (:mod:`audit.changes`) gives the ``functions`` holding changed
     lines instead, and ``place``: a mutant's region from its changed lines, or None to
     leave it out (on no changed line); nothing is then out of region. ``near``: the
-    changed lines, to skip early the mutations that cannot touch them."""
+    changed lines, to skip early the mutations that cannot touch them. ``cache_dir``:
+    where each function's mutations are kept, by its text (None: made afresh)."""
     if functions is None:
         functions = sorted({f for region in regions for f in region.functions})
     functions = sorted(functions)
@@ -68,7 +71,7 @@ def build_mutants(
 
     mutants: list[Mutant] = []
     outside: list[OutOfRegion] = []
-    for mutation in mutmut_adapter.generate(source, functions, near):
+    for mutation in mutmut_adapter.generate_cached(source, functions, cache_dir, near):
         identifier = mutant_id(mutation)
         if place is None:
             owners = {region_of_line.get(line, "") for line in mutation.changed_lines}

@@ -16,7 +16,9 @@ This is the one file to change when mutmut changes.
 
 from __future__ import annotations
 
+import ast
 import difflib
+import hashlib
 import json
 import os
 import shutil
@@ -27,6 +29,7 @@ from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
@@ -38,6 +41,8 @@ from audit.config import Config
 from audit.hermetic import child_environment, prepare_hf_home
 from audit.model import Mutant, MutantResult, Target
 from audit.protocol import LineEdit, MutantStatus, is_project_test
+from audit.regions import find_function
+from audit.regions import first_line as text_start
 from audit.suite import Suite
 
 
@@ -86,6 +91,112 @@ class _RecordingVisitor(MutationVisitor):
                 self.records.append((name, position, variant, node, mutated, outer))
 
 
+# Bump when what generate() makes of a function's text changes: cached mutations of
+# an older generator are then ignored.
+GENERATOR_VERSION = 1
+
+
+def generate_cached(
+    source: str,
+    functions: Iterable[str],
+    cache_dir: Path | None,
+    near: Collection[int] | None = None,
+) -> list[Mutation]:
+    """:func:`generate`'s mutations, one function at a time, cached by its text.
+
+    A function's mutations depend only on its own text (its decorators to its last
+    line): mutmut's operators, pragmas and ordinals look no further. So each function
+    is parsed alone (inside a bare ``class`` header for a method, columns unchanged),
+    and its mutations are kept under ``cache_dir`` with lines counted from the
+    function's first line; an edit elsewhere in the file, or a move, reuses them.
+    ``cache_dir`` None: nothing is read or written. ``near`` as for :func:`generate`.
+    """
+    tree = ast.parse(source)
+    lines = source.splitlines(keepends=True)
+    located = []
+    for qualname in set(functions):
+        node = find_function(tree, qualname)
+        if node is not None:
+            first = text_start(node)
+            located.append((first, qualname, "".join(lines[first - 1 : node.end_lineno])))
+    mutations: list[Mutation] = []
+    for first, qualname, text in sorted(located):
+        for relative in _function_mutations(qualname, text, cache_dir):
+            mutation = _shifted(relative, first - 1)
+            if near is None or any(
+                line in near for line in range(mutation.line - 1, mutation.end_line + 2)
+            ):
+                mutations.append(mutation)
+    return mutations
+
+
+def _function_mutations(qualname: str, text: str, cache_dir: Path | None) -> list[Mutation]:
+    """The mutations of one function's ``text``, lines counted from its first line."""
+    material = [GENERATOR_VERSION, _TOOL_VERSIONS, qualname, text]
+    key = hashlib.sha256(json.dumps(material).encode()).hexdigest()[:32]
+    path = cache_dir / f"{key}.json" if cache_dir is not None else None
+    if path is not None and path.is_file():
+        try:
+            return [_from_json(record) for record in json.loads(path.read_text())]
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # damaged: made again below, and rewritten
+    # A method is parsed under a bare header of its class: line 2 is its first line.
+    header = f"class {qualname.rpartition('.')[0]}:\n" if "." in qualname else ""
+    offset = -1 if header else 0
+    mutations = [_shifted(m, offset) for m in generate(header + text, [qualname])]
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        temporary.write_text(json.dumps([_to_json(m) for m in mutations]))
+        temporary.replace(path)
+    return mutations
+
+
+def _shifted(mutation: Mutation, by: int) -> Mutation:
+    edits = tuple(LineEdit(e.start + by, e.end + by, e.new_lines) for e in mutation.edits)
+    return Mutation(
+        function=mutation.function,
+        function_line=mutation.function_line + by,
+        operator=mutation.operator,
+        line=mutation.line + by,
+        column=mutation.column,
+        end_line=mutation.end_line + by,
+        end_column=mutation.end_column,
+        variant=mutation.variant,
+        ordinal=mutation.ordinal,
+        edits=edits,
+    )
+
+
+def _to_json(mutation: Mutation) -> dict[str, object]:
+    record: dict[str, object] = {
+        name: getattr(mutation, name) for name in Mutation.__dataclass_fields__ if name != "edits"
+    }
+    record["edits"] = [[e.start, e.end, list(e.new_lines)] for e in mutation.edits]
+    return record
+
+
+def _from_json(record: dict[str, Any]) -> Mutation:
+    edits = tuple(LineEdit(start, end, tuple(new)) for start, end, new in record.pop("edits"))
+    return Mutation(**record, edits=edits)
+
+
+def _tool_versions() -> list[str]:
+    """mutmut's and libcst's versions: either may change what a function yields."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions = []
+    for name in ("mutmut", "libcst"):
+        try:
+            versions.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            versions.append(f"{name} unknown")
+    return versions
+
+
+_TOOL_VERSIONS = _tool_versions()
+
+
 def generate(
     source: str, functions: Iterable[str], near: Collection[int] | None = None
 ) -> list[Mutation]:
@@ -120,14 +231,18 @@ def generate(
             continue
         if near is not None and not _borders(where, near):
             continue
-        if id(outer) not in rendered:
-            rendered[id(outer)] = _locate(module, outer, positions[outer].start.line, file_lines)
-        original, first_line, indent, indented = rendered[id(outer)]
-        replaced = deep_replace(outer, node, mutated)
-        if not isinstance(replaced, cst.CSTNode):
-            continue
-        changed = module.code_for_node(replaced).splitlines()
-        edits = _edits(original, changed, first_line, indent, indented)
+        edits = _spliced(module, node, mutated, where, file_lines)
+        if edits is None:  # the node's text is not where its position says: render it all
+            if id(outer) not in rendered:
+                rendered[id(outer)] = _locate(
+                    module, outer, positions[outer].start.line, file_lines
+                )
+            original, first_line, indent, indented = rendered[id(outer)]
+            replaced = deep_replace(outer, node, mutated)
+            if not isinstance(replaced, cst.CSTNode):
+                continue
+            changed = module.code_for_node(replaced).splitlines()
+            edits = _edits(original, changed, first_line, indent, indented)
         if not edits:
             continue
         def_line = positions[outer].start.line
@@ -146,6 +261,52 @@ def generate(
             )
         )
     return mutations
+
+
+def _spliced(
+    module: cst.Module,
+    node: cst.CSTNode,
+    mutated: cst.CSTNode,
+    where: CodeRange,
+    file_lines: list[str],
+) -> list[LineEdit] | None:
+    """The edits that put ``mutated``'s text in place of ``node``'s, at ``where``.
+
+    Rendering the whole function for each mutation (mutmut's ``deep_replace``) costs
+    most of generation; rendering the two nodes is enough. A node renders without
+    the parentheses around it (which its position leaves out too) and without its
+    block's indentation on its continuation lines; :func:`_edits` adds that back as
+    for a whole function. None when the rendering does not match the file line for
+    line: the caller then renders the whole function.
+    """
+    old_parens = (getattr(node, "lpar", ()), getattr(node, "rpar", ()))
+    if any(old_parens):
+        if (getattr(mutated, "lpar", None), getattr(mutated, "rpar", None)) != old_parens:
+            return None
+        node = node.with_changes(lpar=(), rpar=())
+        mutated = mutated.with_changes(lpar=(), rpar=())
+    span = file_lines[where.start.line - 1 : where.end.line]
+    old = module.code_for_node(node).split("\n")
+    new = module.code_for_node(mutated).split("\n")
+    if not span or len(old) != len(span):
+        return None
+    before, after = span[0][: where.start.column], span[-1][where.end.column :]
+    for lines in (old, new):  # one line may be both the first and the last
+        lines[0] = before + lines[0]
+        lines[-1] += after
+    pairs = list(zip(old[1:], span[1:], strict=True))
+    indent = next((line[: len(line) - len(text)] for text, line in pairs if text.strip()), "")
+    indented = [False]
+    for text, line in pairs:
+        if text.strip() and indent + text == line:
+            indented.append(True)
+        elif text == line:  # a multi-line string's own lines, kept verbatim
+            indented.append(False)
+        else:
+            return None
+    if old[0] != span[0]:
+        return None
+    return _edits(old, new, where.start.line, indent, indented)
 
 
 def _borders(where: CodeRange, lines: Collection[int]) -> bool:

@@ -220,12 +220,7 @@ def _mutate(
         config.region(name)  # an unknown name is a ConfigError naming the known ones
     regions = run_regions(prepared, only)
     source = prepared.target.path.read_text(encoding="utf-8")
-    if prepared.changed is None:
-        mutant_set = build_mutants(
-            source, str(prepared.target.path), regions, stage.coverage_map.lines
-        )
-    else:
-        mutant_set = _changed_mutants(prepared, regions, source, stage.coverage_map.lines)
+    mutant_set = _mutmut_mutants(prepared, regions, source, stage.coverage_map.lines)
     others = {
         e.module: environment.installed_file(prepared.vllm, e.module)
         for e in prepared.catalogue
@@ -291,8 +286,8 @@ def _mutate(
     left_out = tuple(r for r in prepared.regions if r not in regions)
     reviewed = prepared.equivalents
     if prepared.changed is not None:  # the run judged the changed code only
-        judged = {m.id for m in every_mutant}
-        reviewed = tuple(e for e in reviewed if any(s.id in judged for s in e.sites))
+        ran = {m.id for m in every_mutant}
+        reviewed = tuple(e for e in reviewed if any(s.id in ran for s in e.sites))
     verdicts, equivalence = apply_equivalents(
         every_mutant, verdicts, hashes, reviewed, left_out=left_out
     )
@@ -345,6 +340,23 @@ def run_regions(prepared: Prepared, only: tuple[str, ...]) -> tuple[Region, ...]
     )
 
 
+def _mutmut_mutants(
+    prepared: Prepared,
+    regions: tuple[Region, ...],
+    source: str,
+    lines_to_tests: dict[int, tuple[str, ...]],
+) -> MutantSet:
+    if prepared.changed is not None:
+        return _changed_mutants(prepared, regions, source, lines_to_tests)
+    return build_mutants(
+        source,
+        str(prepared.target.path),
+        regions,
+        lines_to_tests,
+        cache_dir=mutations_cache(prepared.config),
+    )
+
+
 def _changed_mutants(
     prepared: Prepared,
     regions: tuple[Region, ...],
@@ -364,7 +376,13 @@ def _changed_mutants(
         functions=changes.functions_holding(source, changed.lines),
         place=changes.placer(changed, fence, (r.name for r in regions)),
         near=changed.lines,
+        cache_dir=mutations_cache(prepared.config),
     )
+
+
+def mutations_cache(config: Config) -> Path:
+    """Where mutmut's mutations of each function are kept, by the function's text."""
+    return config.cache_dir / "mutations"
 
 
 def unchanged(

@@ -129,3 +129,36 @@ def test_a_changed_line_inside_a_multi_line_condition_finds_its_tests() -> None:
     assert tests_of([2]) == ["t1", "t2"]
     assert tests_of([6]) == ["t3"]
     assert tests_of([1]) == []
+
+
+def test_cached_generation_is_generation(tmp_path) -> None:
+    """Per function, by its text: the same mutations, cold, warm, and after a move."""
+    functions = ["Fence.register", "Fence.remove"]
+    expected = mutmut_adapter.generate(SOURCE, functions)
+    cache = tmp_path / "mutations"
+    assert mutmut_adapter.generate_cached(SOURCE, functions, cache) == expected
+    assert len(list(cache.glob("*.json"))) == 2
+    assert mutmut_adapter.generate_cached(SOURCE, functions, cache) == expected
+    assert mutmut_adapter.generate_cached(SOURCE, functions, None) == expected
+    moved = "import os\n\n\n" + SOURCE
+    assert mutmut_adapter.generate_cached(moved, functions, cache) == mutmut_adapter.generate(
+        moved, functions
+    )
+    assert len(list(cache.glob("*.json"))) == 2  # the same texts: nothing new kept
+
+
+def test_a_damaged_cached_function_is_made_again(tmp_path) -> None:
+    cache = tmp_path / "mutations"
+    expected = mutmut_adapter.generate_cached(SOURCE, ["Fence.remove"], cache)
+    (kept,) = cache.glob("*.json")
+    kept.write_text('[{"function": 3}]')
+    assert mutmut_adapter.generate_cached(SOURCE, ["Fence.remove"], cache) == expected
+    assert mutmut_adapter.generate_cached(SOURCE, ["Fence.remove"], cache) == expected
+
+
+def test_pull_request_mode_keeps_only_the_mutations_near_the_changed_lines(tmp_path) -> None:
+    near = {14}  # jobs.discard(job)
+    cached = mutmut_adapter.generate_cached(SOURCE, ["Fence.remove"], tmp_path, near)
+    assert cached == mutmut_adapter.generate(SOURCE, ["Fence.remove"], near)
+    assert cached
+    assert all(m.line - 1 <= 14 <= m.end_line + 1 for m in cached)

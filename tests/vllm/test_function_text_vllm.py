@@ -11,7 +11,9 @@ from __future__ import annotations
 import types
 from pathlib import Path
 
-from audit import catalogue, environment
+import pytest
+
+from audit import catalogue, environment, mutmut_adapter
 from audit.config import load_config
 from audit.jobs import function_frame
 from audit.mutants import build_mutants
@@ -59,3 +61,21 @@ def test_function_alone_compiles_to_the_modules_code(project_root: Path) -> None
         expected = find_code(whole, mutant.function)
         actual = find_code(compile(alone, str(path), "exec"), mutant.function)
         assert identity(actual) == identity(expected), mutant.id
+
+
+def test_rendering_the_node_alone_gives_mutmuts_edits(
+    project_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Generation renders only the mutated node (``_spliced``), not the whole function
+    as mutmut's ``deep_replace`` does; on the fence regions of vLLM 0.33.0 both give
+    the same edits, mutation for mutation."""
+    config = load_config(project_root / "pyproject.toml")
+    path = environment.installed_file(environment.installed_vllm("0.33.0"), config.target)
+    source = path.read_text()
+    regions = resolve_regions(source, config.regions, filename=str(path))
+    functions = sorted({f for region in regions for f in region.functions})
+    spliced = mutmut_adapter.generate(source, functions)
+    monkeypatch.setattr(mutmut_adapter, "_spliced", lambda *args: None)
+    rendered = mutmut_adapter.generate(source, functions)
+    assert len(spliced) > 500
+    assert spliced == rendered
