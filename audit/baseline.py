@@ -10,9 +10,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
+from audit.baseline_cache import CachedBaseline
 from audit.config import Config
 from audit.errors import BaselineFailed, NoTestsSelected
 from audit.findings import Finding, sort_red
@@ -96,6 +98,37 @@ def start_baseline(
     return run, session
 
 
+def cached_baseline(
+    cached: CachedBaseline,
+    config: Config,
+    target: Target,
+    work: Path,
+    findings: tuple[Finding, ...] = (),
+    version: str = "",
+) -> BaselineRun:
+    """A baseline read back from the cache (:mod:`audit.baseline_cache`): its coverage
+    data and log laid out where a run puts them; its red tests sorted again."""
+    logs = config.reports_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    data_file = work / "baseline.coverage"
+    shutil.copyfile(cached.coverage, data_file)
+    log = logs / "baseline.log"
+    log.write_text(
+        f"# read from the baseline cache ({cached.log.parent}): the inputs are those of "
+        "the run logged below\n" + cached.log.read_text(encoding="utf-8", errors="replace")
+    )
+    run = BaselineRun(
+        target=target,
+        tests=cached.tests,
+        data_file=data_file,
+        log=log,
+        duration_s=cached.duration_s,
+        exit_code=cached.exit_code,
+    )
+    return _sort_findings(run, cached.exit_code, findings, version)
+
+
 def run_baseline(
     config: Config,
     suite: Suite,
@@ -149,7 +182,12 @@ def _check_outcomes(
         dataclasses.replace(test, duration_s=round(test.duration_s, 6)) for test in outcomes.tests
     )
     return BaselineRun(
-        target=target, tests=tests, data_file=data_file, log=log, duration_s=duration
+        target=target,
+        tests=tests,
+        data_file=data_file,
+        log=log,
+        duration_s=duration,
+        exit_code=returncode,
     )
 
 

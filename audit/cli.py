@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> ExitCode:
             print(f"{region.name:<16} {len(region.lines):>4} lines  {spans}")
         return ExitCode.OK
 
-    stage = pipeline.coverage(prepared, entries)
+    stage = baseline(prepared, entries, reuse=args.command == "mutate" and not args.no_cache)
     reports = config.reports_dir
     if args.command == "coverage":
         stage.close()
@@ -142,6 +142,29 @@ def run(args: argparse.Namespace) -> ExitCode:
     print()
     print(format_table(stage.regions))
     return ExitCode.OK
+
+
+def baseline(
+    prepared: pipeline.Prepared, entries: tuple[SuitePath, ...], *, reuse: bool
+) -> pipeline.CoverageStage:
+    """The baseline stage; with ``reuse``, say whether it ran, and why: the inputs
+    that changed since the last run kept."""
+    stage = pipeline.coverage(prepared, entries, reuse=reuse)
+    if not reuse:
+        return stage
+    if stage.reused:
+        print(
+            f"fence-audit: baseline read from the cache: {len(stage.run.tests)} tests, every "
+            "input unchanged (no test process started for it)"
+        )
+    elif stage.why:
+        shown = "; ".join(stage.why[:6]) + (
+            f"; and {len(stage.why) - 6} more" if len(stage.why) > 6 else ""
+        )
+        print(f"fence-audit: baseline ran again: {shown}")
+    else:
+        print("fence-audit: baseline ran: none kept for this selection yet")
+    return stage
 
 
 def check_inputs(

@@ -36,6 +36,7 @@ class BaselineRun:
     duration_s: float
     # real vLLM bugs this release has, by the tests they fail: left out of the mutant phase
     findings: tuple[Found, ...] = ()
+    exit_code: int = 0  # pytest's
 
     @property
     def finding_tests(self) -> frozenset[str]:

@@ -15,6 +15,7 @@ Each stage is a plain function of another module; this module only wires them.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -31,7 +32,8 @@ from audit import (
     results,
     sources,
 )
-from audit.baseline import start_baseline
+from audit.baseline import cached_baseline, start_baseline
+from audit.baseline_cache import BaselineCache, baseline_inputs
 from audit.catalogue import Entry
 from audit.config import Config, GateThresholds, SuitePath
 from audit.environment import Fingerprint
@@ -86,6 +88,8 @@ class CoverageStage:
     regions: tuple[RegionCoverage, ...]
     after: Fingerprint
     warm: WarmSession | None  # the baseline's process, kept for the mutants; close it
+    reused: bool = False  # read from the baseline cache: no test process ran
+    why: tuple[str, ...] = ()  # the inputs that changed since the last run kept, if it ran
 
     def close(self) -> None:
         if self.warm is not None:
@@ -176,14 +180,35 @@ def load_entries(config: Config) -> tuple[Entry, ...]:
     return entries
 
 
-def coverage(prepared: Prepared, suite_entries: tuple[SuitePath, ...] = ()) -> CoverageStage:
+def coverage(
+    prepared: Prepared, suite_entries: tuple[SuitePath, ...] = (), *, reuse: bool = False
+) -> CoverageStage:
+    """The baseline under coverage. ``reuse``: read it from the baseline cache when
+    every input is as it was (no test process then starts); a run is kept there
+    either way."""
     config = prepared.config
     work = outputs.scratch(config.reports_dir)
     outputs.claim(config.reports_dir, "logs/baseline.log")  # written by start_baseline
     suite = stage_suite(config, prepared.source, suite_entries or config.suite, work)
-    run, warm = start_baseline(
-        config, suite, prepared.target, work, prepared.findings, prepared.vllm.version
+    cache = BaselineCache(config.cache_dir / "baselines")
+    inputs = baseline_inputs(
+        suite,
+        prepared.target.path,
+        prepared.target.sha256,
+        prepared.vllm.version,
+        config.findings_file,
+        os.environ,
     )
+    cached = cache.load(inputs) if reuse else None
+    warm: WarmSession | None = None
+    version = prepared.vllm.version
+    if cached is not None:
+        run = cached_baseline(cached, config, prepared.target, work, prepared.findings, version)
+        why: tuple[str, ...] = ()
+    else:
+        why = tuple(cache.changed_since_last(inputs)) if reuse else ("asked for a run",)
+        run, warm = start_baseline(config, suite, prepared.target, work, prepared.findings, version)
+        cache.save(inputs, run, run.exit_code)
     try:
         after = environment.verify_untouched(prepared.vllm, config.target)
         cmap = coverage_map.build_coverage_map(run, prepared.vllm.version)
@@ -195,7 +220,9 @@ def coverage(prepared: Prepared, suite_entries: tuple[SuitePath, ...] = ()) -> C
         if warm is not None:
             warm.close()
         raise
-    return CoverageStage(prepared, suite, run, cmap, regions, after, warm)
+    return CoverageStage(
+        prepared, suite, run, cmap, regions, after, warm, reused=cached is not None, why=why
+    )
 
 
 def mutate(
