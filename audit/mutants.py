@@ -16,7 +16,7 @@ from pathlib import Path
 
 from coverage.parser import PythonParser
 
-from audit import mutmut_adapter
+from audit import generation
 from audit.model import Mutant
 from audit.protocol import apply_edits
 from audit.regions import Region
@@ -36,7 +36,7 @@ class MutantSet:
     function_hashes: Mapping[str, str]  # qualname -> sha256 of its source text
 
 
-def mutant_id(mutation: mutmut_adapter.Mutation) -> str:
+def mutant_id(mutation: generation.Mutation) -> str:
     """``Class.method:operator@L:C-L:C#V``, lines counted from the ``def`` line."""
     start = f"{mutation.line - mutation.function_line}:{mutation.column}"
     end = f"{mutation.end_line - mutation.function_line}:{mutation.end_column}"
@@ -71,7 +71,7 @@ def build_mutants(
 
     mutants: list[Mutant] = []
     outside: list[OutOfRegion] = []
-    for mutation in mutmut_adapter.generate_cached(source, functions, cache_dir, near):
+    for mutation in generation.generate_cached(source, functions, cache_dir, near):
         identifier = mutant_id(mutation)
         if place is None:
             owners = {region_of_line.get(line, "") for line in mutation.changed_lines}

@@ -16,9 +16,7 @@ This is the one file to change when mutmut changes.
 
 from __future__ import annotations
 
-import ast
 import difflib
-import hashlib
 import json
 import os
 import shutil
@@ -27,9 +25,7 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
@@ -38,33 +34,11 @@ from mutmut.mutation.mutators import mutation_operators
 from mutmut.mutation.pragma_handling import IgnoredCode, PragmaVisitor
 
 from audit.config import Config
+from audit.generation import Mutation
 from audit.hermetic import child_environment, prepare_hf_home
 from audit.model import Mutant, MutantResult, Target
 from audit.protocol import LineEdit, MutantStatus, is_project_test
-from audit.regions import find_function
-from audit.regions import first_line as text_start
 from audit.suite import Suite
-
-
-@dataclass(frozen=True, slots=True)
-class Mutation:
-    function: str  # qualified name: Class.method
-    function_line: int  # the ``def`` line in this source
-    operator: str  # mutmut's operator, without its ``operator_`` prefix
-    line: int  # where the mutated node starts (file line)
-    column: int
-    end_line: int  # and ends: nested nodes may start at the same place
-    end_column: int
-    variant: int  # which of the operator's outputs for this node
-    ordinal: int  # mutmut's own 1-based number of this mutation within the function
-    edits: tuple[LineEdit, ...]
-
-    @property
-    def changed_lines(self) -> tuple[int, ...]:
-        lines: list[int] = []
-        for edit in self.edits:
-            lines.extend(range(edit.start, max(edit.end, edit.start) + 1))
-        return tuple(lines)
 
 
 class _RecordingVisitor(MutationVisitor):
@@ -89,112 +63,6 @@ class _RecordingVisitor(MutationVisitor):
                     continue
                 name = operator.__name__.removeprefix("operator_")
                 self.records.append((name, position, variant, node, mutated, outer))
-
-
-# Bump when what generate() makes of a function's text changes: cached mutations of
-# an older generator are then ignored.
-GENERATOR_VERSION = 1
-
-
-def generate_cached(
-    source: str,
-    functions: Iterable[str],
-    cache_dir: Path | None,
-    near: Collection[int] | None = None,
-) -> list[Mutation]:
-    """:func:`generate`'s mutations, one function at a time, cached by its text.
-
-    A function's mutations depend only on its own text (its decorators to its last
-    line): mutmut's operators, pragmas and ordinals look no further. So each function
-    is parsed alone (inside a bare ``class`` header for a method, columns unchanged),
-    and its mutations are kept under ``cache_dir`` with lines counted from the
-    function's first line; an edit elsewhere in the file, or a move, reuses them.
-    ``cache_dir`` None: nothing is read or written. ``near`` as for :func:`generate`.
-    """
-    tree = ast.parse(source)
-    lines = source.splitlines(keepends=True)
-    located = []
-    for qualname in set(functions):
-        node = find_function(tree, qualname)
-        if node is not None:
-            first = text_start(node)
-            located.append((first, qualname, "".join(lines[first - 1 : node.end_lineno])))
-    mutations: list[Mutation] = []
-    for first, qualname, text in sorted(located):
-        for relative in _function_mutations(qualname, text, cache_dir):
-            mutation = _shifted(relative, first - 1)
-            if near is None or any(
-                line in near for line in range(mutation.line - 1, mutation.end_line + 2)
-            ):
-                mutations.append(mutation)
-    return mutations
-
-
-def _function_mutations(qualname: str, text: str, cache_dir: Path | None) -> list[Mutation]:
-    """The mutations of one function's ``text``, lines counted from its first line."""
-    material = [GENERATOR_VERSION, _TOOL_VERSIONS, qualname, text]
-    key = hashlib.sha256(json.dumps(material).encode()).hexdigest()[:32]
-    path = cache_dir / f"{key}.json" if cache_dir is not None else None
-    if path is not None and path.is_file():
-        try:
-            return [_from_json(record) for record in json.loads(path.read_text())]
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # damaged: made again below, and rewritten
-    # A method is parsed under a bare header of its class: line 2 is its first line.
-    header = f"class {qualname.rpartition('.')[0]}:\n" if "." in qualname else ""
-    offset = -1 if header else 0
-    mutations = [_shifted(m, offset) for m in generate(header + text, [qualname])]
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        temporary.write_text(json.dumps([_to_json(m) for m in mutations]))
-        temporary.replace(path)
-    return mutations
-
-
-def _shifted(mutation: Mutation, by: int) -> Mutation:
-    edits = tuple(LineEdit(e.start + by, e.end + by, e.new_lines) for e in mutation.edits)
-    return Mutation(
-        function=mutation.function,
-        function_line=mutation.function_line + by,
-        operator=mutation.operator,
-        line=mutation.line + by,
-        column=mutation.column,
-        end_line=mutation.end_line + by,
-        end_column=mutation.end_column,
-        variant=mutation.variant,
-        ordinal=mutation.ordinal,
-        edits=edits,
-    )
-
-
-def _to_json(mutation: Mutation) -> dict[str, object]:
-    record: dict[str, object] = {
-        name: getattr(mutation, name) for name in Mutation.__dataclass_fields__ if name != "edits"
-    }
-    record["edits"] = [[e.start, e.end, list(e.new_lines)] for e in mutation.edits]
-    return record
-
-
-def _from_json(record: dict[str, Any]) -> Mutation:
-    edits = tuple(LineEdit(start, end, tuple(new)) for start, end, new in record.pop("edits"))
-    return Mutation(**record, edits=edits)
-
-
-def _tool_versions() -> list[str]:
-    """mutmut's and libcst's versions: either may change what a function yields."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    versions = []
-    for name in ("mutmut", "libcst"):
-        try:
-            versions.append(f"{name} {version(name)}")
-        except PackageNotFoundError:
-            versions.append(f"{name} unknown")
-    return versions
-
-
-_TOOL_VERSIONS = _tool_versions()
 
 
 def generate(

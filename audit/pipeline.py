@@ -27,7 +27,6 @@ from audit import (
     coverage_map,
     environment,
     executor,
-    mutmut_adapter,
     outputs,
     results,
     sources,
@@ -280,6 +279,8 @@ def _mutate(
     every_mutant = mutants
     if engine == "mutmut":
         stage.close()
+        from audit import mutmut_adapter  # libcst and mutmut: imported when used
+
         verdicts = mutmut_adapter.judge(
             config, stage.suite, prepared.target, mutant_set.mutants, options.jobs
         )

@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from audit import mutmut_adapter
+from audit import generation, mutmut_adapter
 from audit.config import RegionSpec, Selection, StatementSelector
 from audit.mutants import TestsOfLines, build_mutants, function_hashes, mutant_id
 from audit.protocol import apply_edits
@@ -136,12 +136,12 @@ def test_cached_generation_is_generation(tmp_path) -> None:
     functions = ["Fence.register", "Fence.remove"]
     expected = mutmut_adapter.generate(SOURCE, functions)
     cache = tmp_path / "mutations"
-    assert mutmut_adapter.generate_cached(SOURCE, functions, cache) == expected
+    assert generation.generate_cached(SOURCE, functions, cache) == expected
     assert len(list(cache.glob("*.json"))) == 2
-    assert mutmut_adapter.generate_cached(SOURCE, functions, cache) == expected
-    assert mutmut_adapter.generate_cached(SOURCE, functions, None) == expected
+    assert generation.generate_cached(SOURCE, functions, cache) == expected
+    assert generation.generate_cached(SOURCE, functions, None) == expected
     moved = "import os\n\n\n" + SOURCE
-    assert mutmut_adapter.generate_cached(moved, functions, cache) == mutmut_adapter.generate(
+    assert generation.generate_cached(moved, functions, cache) == mutmut_adapter.generate(
         moved, functions
     )
     assert len(list(cache.glob("*.json"))) == 2  # the same texts: nothing new kept
@@ -149,16 +149,16 @@ def test_cached_generation_is_generation(tmp_path) -> None:
 
 def test_a_damaged_cached_function_is_made_again(tmp_path) -> None:
     cache = tmp_path / "mutations"
-    expected = mutmut_adapter.generate_cached(SOURCE, ["Fence.remove"], cache)
+    expected = generation.generate_cached(SOURCE, ["Fence.remove"], cache)
     (kept,) = cache.glob("*.json")
     kept.write_text('[{"function": 3}]')
-    assert mutmut_adapter.generate_cached(SOURCE, ["Fence.remove"], cache) == expected
-    assert mutmut_adapter.generate_cached(SOURCE, ["Fence.remove"], cache) == expected
+    assert generation.generate_cached(SOURCE, ["Fence.remove"], cache) == expected
+    assert generation.generate_cached(SOURCE, ["Fence.remove"], cache) == expected
 
 
 def test_pull_request_mode_keeps_only_the_mutations_near_the_changed_lines(tmp_path) -> None:
     near = {14}  # jobs.discard(job)
-    cached = mutmut_adapter.generate_cached(SOURCE, ["Fence.remove"], tmp_path, near)
+    cached = generation.generate_cached(SOURCE, ["Fence.remove"], tmp_path, near)
     assert cached == mutmut_adapter.generate(SOURCE, ["Fence.remove"], near)
     assert cached
     assert all(m.line - 1 <= 14 <= m.end_line + 1 for m in cached)
