@@ -9,6 +9,7 @@ all lie in one region are judged; the rest are listed as out of region.
 from __future__ import annotations
 
 import difflib
+import re
 import hashlib
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
@@ -127,8 +128,39 @@ def function_hashes(source: str, functions: Iterable[str]) -> dict[str, str]:
 
 
 def unified_diff(original: list[str], mutated: list[str], filename: str) -> str:
+    """The unified diff (two lines of context) of a mutant, computed on the lines
+    around its change: the lines both texts share at their start and end are left
+    out first, as difflib would only report them as context, and the hunk headers
+    are shifted back to the file's line numbers."""
     name = filename.rsplit("/", 1)[-1]
-    return "".join(difflib.unified_diff(original, mutated, f"a/{name}", f"b/{name}", n=2))
+    limit = min(len(original), len(mutated))
+    head = 0
+    while head < limit and original[head] == mutated[head]:
+        head += 1
+    tail = 0
+    while tail < limit - head and original[-1 - tail] == mutated[-1 - tail]:
+        tail += 1
+    start = max(head - CONTEXT, 0)
+    lines = difflib.unified_diff(
+        original[start : len(original) - max(tail - CONTEXT, 0)],
+        mutated[start : len(mutated) - max(tail - CONTEXT, 0)],
+        f"a/{name}",
+        f"b/{name}",
+        n=CONTEXT,
+    )
+    return "".join(_shift_hunk(line, start) if line.startswith("@@") else line for line in lines)
+
+
+CONTEXT = 2  # lines of context around a change, in every diff of a mutant
+_HUNK = re.compile(r"^@@ -(\d+)((?:,\d+)?) \+(\d+)((?:,\d+)?) @@")
+
+
+def _shift_hunk(header: str, by: int) -> str:
+    match = _HUNK.match(header)
+    if match is None or not by:
+        return header
+    old, old_len, new, new_len = match.groups()
+    return f"@@ -{int(old) + by}{old_len} +{int(new) + by}{new_len} @@" + header[match.end() :]
 
 
 class TestsOfLines:
