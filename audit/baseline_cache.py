@@ -123,6 +123,10 @@ class BaselineCache:
             )
         write_json(self._last(inputs), dict(inputs))
 
+    def html_dir(self, inputs: Mapping[str, str]) -> Path:
+        """Where the entry of ``inputs`` keeps the coverage HTML of its data."""
+        return self.directory / key_of(inputs) / "coverage-html"
+
     def changed_since_last(self, inputs: Mapping[str, str]) -> list[str]:
         """What differs from the newest entry of the same selection: why it runs again.
         Empty when there is no such entry (a first run)."""

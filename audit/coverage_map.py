@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import functools
+import shutil
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +17,7 @@ from pathlib import Path
 import coverage
 from coverage.parser import PythonParser
 
-from audit.files import write_json
+from audit.files import replaced_dir, write_json
 from audit.model import (
     COVERAGE_MAP_FORMAT,
     REGIONS_FORMAT,
@@ -30,9 +32,7 @@ from audit.regions import Region
 
 
 def build_coverage_map(run: BaselineRun, vllm_version: str) -> CoverageMap:
-    data = coverage.CoverageData(basename=str(run.data_file))
-    data.read()
-    by_line = data.contexts_by_lineno(str(run.target.path))
+    by_line = _measured(run).contexts
     left_out = run.finding_tests  # a finding's tests fail on the unmutated code: no judge
     lines = {
         line: tuple(sorted(c for c in contexts if c and c not in left_out))
@@ -58,14 +58,21 @@ class _Measured:
 
 
 def _measured(run: BaselineRun) -> _Measured:
-    parser = PythonParser(filename=str(run.target.path))
+    """What the baseline measured: read once per data file (as it is on disk now)."""
+    stat = run.data_file.stat()
+    return _read_measured(run.data_file, run.target.path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=4)
+def _read_measured(data_file: Path, target: Path, mtime_ns: int, size: int) -> _Measured:
+    parser = PythonParser(filename=str(target))
     parser.parse_source()
-    data = coverage.CoverageData(basename=str(run.data_file))
+    data = coverage.CoverageData(basename=str(data_file))
     data.read()
     exits: dict[int, set[int]] = defaultdict(set)
     for source, dest in parser.arcs():
         exits[source].add(dest)
-    path = str(run.target.path)
+    path = str(target)
     return _Measured(
         statements=set(parser.statements),
         exits=exits,
@@ -168,10 +175,16 @@ def write_regions(regions: tuple[RegionCoverage, ...], run: BaselineRun, path: P
     )
 
 
-def write_html(run: BaselineRun, directory: Path) -> None:
+def write_html(run: BaselineRun, directory: Path, kept: Path | None = None) -> None:
     """coverage.py's HTML for the target file, contexts shown, in ``directory`` (a folder
-    of the reports folder); replaced atomically, and only what fence-audit wrote."""
+    of the reports folder); replaced atomically, and only what fence-audit wrote.
+
+    ``kept``: the baseline cache's copy of this very HTML (the entry of the same
+    data file and target): copied when it is there, else made and kept there."""
     with replaced_folder(directory.parent, directory.name) as staging:
+        if kept is not None and kept.is_dir():
+            shutil.copytree(kept, staging, dirs_exist_ok=True)
+            return
         cov = coverage.Coverage(data_file=str(run.data_file), branch=True, config_file=False)
         cov.load()
         cov.html_report(
@@ -180,6 +193,9 @@ def write_html(run: BaselineRun, directory: Path) -> None:
             show_contexts=True,
             title=f"fence-audit baseline: {run.target.module}",
         )
+        if kept is not None and kept.parent.is_dir():
+            with replaced_dir(kept) as keeping:
+                shutil.copytree(staging, keeping, dirs_exist_ok=True)
 
 
 def format_table(regions: tuple[RegionCoverage, ...]) -> str:

@@ -8,6 +8,7 @@ installed vLLM; any difference is a :class:`TargetModified` error.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import sys
 from dataclasses import dataclass
@@ -76,8 +77,10 @@ def sha256_file(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@functools.cache
 def recorded_sha256(module: str) -> str | None:
-    """The hex sha256 pip recorded for ``module``'s file at install time, if any."""
+    """The hex sha256 pip recorded for ``module``'s file at install time, if any (pip
+    wrote it once, at install: read once per process)."""
     relpath = module_relpath(module)
     for file in metadata.distribution(DIST).files or ():
         if file.as_posix() == relpath and file.hash is not None and file.hash.mode == "sha256":

@@ -9,8 +9,8 @@ all lie in one region are judged; the rest are listed as out of region.
 from __future__ import annotations
 
 import difflib
-import re
 import hashlib
+import re
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path

@@ -212,7 +212,7 @@ def coverage(
         after = environment.verify_untouched(prepared.vllm, config.target)
         cmap = coverage_map.build_coverage_map(run, prepared.vllm.version)
         regions = coverage_map.region_coverage(run, prepared.regions)
-        coverage_map.write_html(run, config.reports_dir / "coverage")
+        coverage_map.write_html(run, config.reports_dir / "coverage", cache.html_dir(inputs))
         coverage_map.write_coverage_map(cmap, config.reports_dir / "coverage-map.json")
         coverage_map.write_regions(regions, run, config.reports_dir / "regions.json")
     except BaseException:

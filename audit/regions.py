@@ -10,7 +10,9 @@ not found.
 from __future__ import annotations
 
 import ast
+import copy
 import difflib
+import functools
 import keyword
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -232,12 +234,17 @@ def find_function(tree: ast.Module, qualname: str) -> FunctionNode | None:
     return found if isinstance(found, ast.FunctionDef | ast.AsyncFunctionDef) else None
 
 
+@functools.cache
 def statement_text(stmt: ast.stmt) -> str:
-    """Normalised text an anchor is matched against: a compound statement's header only."""
-    text = ast.unparse(stmt)
-    if _body_of(stmt):
-        text = text.split("\n", 1)[0]
-    return _normalise(text)
+    """Normalised text an anchor is matched against: a compound statement's header only
+    (unparsed without its blocks, which can be most of a function)."""
+    if not _body_of(stmt):
+        return _normalise(ast.unparse(stmt))
+    header = copy.copy(stmt)
+    for name in ("body", "orelse", "finalbody", "handlers", "cases"):
+        if hasattr(header, name):
+            setattr(header, name, [ast.Pass()] if name == "body" else [])
+    return _normalise(ast.unparse(header).split("\n", 1)[0])
 
 
 def _matches(stmt: ast.stmt, selector: StatementSelector, anchor: str) -> bool:

@@ -114,8 +114,16 @@ class TestHasher:
         self._files: dict[Path, str] = {}
         self._test_files: dict[str, list[Path]] = {}  # test file -> the files it depends on
         self._plugins = sorted(plugins)
+        self._by_tests: dict[tuple[str, ...], str] = {}
 
     def tests_hash(self, test_ids: Iterable[str]) -> str:
+        # Many mutants share their covering tests: each set is hashed once.
+        key = tuple(test_ids)
+        if key not in self._by_tests:
+            self._by_tests[key] = self._tests_hash(key)
+        return self._by_tests[key]
+
+    def _tests_hash(self, test_ids: Iterable[str]) -> str:
         digest = hashlib.sha256()
         for plugin in self._plugins:
             digest.update(str(plugin.relative_to(self.root)).encode())
