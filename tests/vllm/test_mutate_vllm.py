@@ -103,6 +103,7 @@ def test_a_second_run_judges_nothing_again(first_run, tmp_path: Path) -> None:  
     cache, _, _, audit = first_run
     again = mutate(cache, tmp_path / "reports")
     assert again.returncode == 0, again.stderr
+    assert "baseline read from the cache" in again.stdout  # no test process at all
     second = json.loads((tmp_path / "reports" / "audit.json").read_text())
     judged = [m for m in second["mutants"] if m["status"] != "no_tests"]
     assert all(m["cached"] for m in judged)

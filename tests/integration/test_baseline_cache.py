@@ -1,0 +1,122 @@
+"""The baseline cache on the toy target: read back only when every input is unchanged,
+and then the same coverage, the same covering tests, the same verdicts."""
+
+from __future__ import annotations
+
+import json
+
+from test_toy_mutation import FAST, REGIONS, Toy, toy  # noqa: F401  (the fixture)
+
+from audit import coverage_map, executor
+from audit.baseline import cached_baseline, start_baseline
+from audit.baseline_cache import BaselineCache, baseline_inputs
+from audit.config import SuitePath
+from audit.environment import sha256_file
+from audit.model import Target
+from audit.mutants import build_mutants
+from audit.regions import resolve_regions
+from audit.sources import TestSource
+from audit.suite import Suite, stage_suite
+
+
+def staged(toy: Toy) -> tuple[Suite, Target]:  # noqa: F811
+    # As from a checkout: the toy's tests are then hashed file by file.
+    source = TestSource(root=toy.root, origin="toy", checkout=True)
+    work = toy.config.reports_dir / ".work"
+    suite = stage_suite(toy.config, source, (SuitePath("vllm", "tests/test_fence.py"),), work)
+    target = Target("toypkg.fence", toy.path, toy.path, sha256_file(toy.path))
+    return suite, target
+
+
+def inputs_of(toy: Toy, environ: dict[str, str] | None = None) -> dict[str, str]:  # noqa: F811
+    suite, target = staged(toy)
+    return baseline_inputs(suite, target.path, target.sha256, "toy", None, environ or {})
+
+
+def test_a_kept_baseline_reads_back_to_the_same_coverage_and_verdicts(toy: Toy) -> None:  # noqa: F811
+    suite, target = staged(toy)
+    work = toy.config.reports_dir / ".work"
+    run, session = start_baseline(toy.config, suite, target, work)
+    assert session is not None
+    session.close()
+    cache = BaselineCache(toy.config.cache_dir / "baselines")
+    inputs = baseline_inputs(suite, target.path, target.sha256, "toy", None, {})
+    assert cache.load(inputs) is None
+    cache.save(inputs, run, run.exit_code)
+    ran = coverage_map.build_coverage_map(run, "toy")
+    ran_lines, ran_durations = dict(ran.lines), dict(ran.durations)
+
+    kept = cache.load(inputs)
+    assert kept is not None
+    (work / "baseline.coverage").unlink()  # the run's data is gone: the cache's is used
+    again = cached_baseline(kept, toy.config, target, work)
+    assert "read from the baseline cache" in again.log.read_text()
+    read = coverage_map.build_coverage_map(again, "toy")
+    assert (read.lines, read.durations) == (ran_lines, ran_durations)
+
+    text = toy.path.read_text()
+    regions = resolve_regions(text, REGIONS, filename=str(toy.path))
+    mutant_set = build_mutants(text, str(toy.path), regions, read.lines)
+    verdicts = executor.judge(
+        toy.config,
+        suite,
+        target,
+        mutant_set.mutants,
+        mutant_set.function_hashes,
+        read.durations,
+        "toy",
+        FAST,
+        None,  # no warm process: a new one judges
+    )
+    assert any(v.status.value == "killed" for v in verdicts.values())
+    _, direct = toy.judge()
+    assert {k: v.status for k, v in verdicts.items()} == {
+        k: v.status for k, v in direct.items() if k in verdicts
+    }
+
+
+def test_each_input_changes_the_key_and_a_rerun_says_which(toy: Toy) -> None:  # noqa: F811
+    cache = BaselineCache(toy.config.cache_dir / "baselines")
+    suite, target = staged(toy)
+    work = toy.config.reports_dir / ".work"
+    run, session = start_baseline(toy.config, suite, target, work)
+    if session is not None:
+        session.close()
+    first = baseline_inputs(suite, target.path, target.sha256, "toy", None, {})
+    cache.save(first, run, run.exit_code)
+    assert cache.changed_since_last(first) == []
+
+    profile = inputs_of(toy, {"HYPOTHESIS_PROFILE": "long", "HOME": "/elsewhere"})
+    assert cache.load(profile) is None
+    assert cache.changed_since_last(profile) == ["environment changed"]
+    assert inputs_of(toy, {"HOME": "/elsewhere", "FENCE_AUDIT_CACHE": "/x"}) == first
+
+    test_file = toy.root / "tests" / "test_fence.py"
+    test_file.write_text(test_file.read_text() + "\n# an edit\n")
+    edited = inputs_of(toy)
+    assert cache.load(edited) is None
+    assert cache.changed_since_last(edited) == ["file tests/test_fence.py changed"]
+
+    toy.path.write_text(toy.path.read_text() + "\n# an edit\n")
+    assert "audited source changed" in cache.changed_since_last(inputs_of(toy))
+    assert cache.load(first) is not None  # the old entry is still there, whole
+
+
+def test_a_damaged_entry_is_not_read(toy: Toy) -> None:  # noqa: F811
+    suite, target = staged(toy)
+    work = toy.config.reports_dir / ".work"
+    run, session = start_baseline(toy.config, suite, target, work)
+    if session is not None:
+        session.close()
+    cache = BaselineCache(toy.config.cache_dir / "baselines")
+    inputs = baseline_inputs(suite, target.path, target.sha256, "toy", None, {})
+    cache.save(inputs, run, run.exit_code)
+    entry = next(p for p in cache.directory.iterdir() if p.is_dir())
+    outcomes = entry / "outcomes.json"
+    document = json.loads(outcomes.read_text())
+    outcomes.write_text(json.dumps({**document, "tests": [{"test_id": 3}]}))
+    assert cache.load(inputs) is None
+    outcomes.write_text(json.dumps(document))
+    assert cache.load(inputs) is not None
+    (entry / "baseline.coverage").unlink()
+    assert cache.load(inputs) is None
