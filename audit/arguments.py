@@ -126,6 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--compare", type=Path, metavar="OLD_AUDIT_JSON", help="show changes since this run"
     )
     mutate.add_argument(
+        "--scope",
+        choices=("regions", "file"),
+        default="regions",
+        help="regions: the mutants of the fence regions (default); file: every mutant of "
+        "the audited module, those outside the regions grouped by function and scored apart",
+    )
+    mutate.add_argument(
         "--since",
         metavar="REF",
         help="pull-request mode, with --vllm-src: judge only the mutants on the target's "

@@ -14,7 +14,6 @@ group :data:`OUTSIDE`, scored apart (see DESIGN.md, "Pull-request mode").
 
 from __future__ import annotations
 
-import ast
 import re
 import subprocess
 from collections.abc import Callable, Iterable, Iterator
@@ -24,7 +23,7 @@ from typing import Any
 
 from audit.catalogue import CatalogueMutants
 from audit.errors import ConfigError
-from audit.regions import Region, Span, first_line
+from audit.regions import Region, Span, module_functions
 
 # The group of the changed code that lies in no region (or straddles one's edge): a
 # region of audit.json, scored apart from the fence regions' overall score.
@@ -144,7 +143,7 @@ def functions_holding(source: str, lines: Iterable[int]) -> tuple[str, ...]:
     mutates) whose text holds one of ``lines``, by qualified name."""
     wanted = set(lines)
     return tuple(
-        name for name, start, end in _functions(source) if wanted & set(range(start, end + 1))
+        name for name, start, end in module_functions(source) if wanted & set(range(start, end + 1))
     )
 
 
@@ -155,7 +154,7 @@ def outside_group(changed: ChangedCode, source: str, regions: Iterable[Region]) 
     outside = changed.lines - inside
     spans = [
         Span(name, first, last, f"changed since {changed.ref}")
-        for name, start, end in _functions(source)
+        for name, start, end in module_functions(source)
         for first, last in line_ranges(outside & set(range(start, end + 1)))
     ]
     return Region(
@@ -305,17 +304,3 @@ def _git_failed(root: Path, ref: str, why: str) -> ConfigError:
         f"--since {ref}: git failed in {root}",
         details={"git": why.splitlines()[0] if why else "", "next": "run the git command by hand"},
     )
-
-
-def _functions(source: str) -> Iterator[tuple[str, int, int]]:
-    """(qualified name, first line, last line) of each module function and method of a
-    module class, decorators included."""
-    tree = ast.parse(source)
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            yield node.name, first_line(node), node.end_lineno or node.lineno
-        elif isinstance(node, ast.ClassDef):
-            for child in node.body:
-                if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
-                    name = f"{node.name}.{child.name}"
-                    yield name, first_line(child), child.end_lineno or child.lineno

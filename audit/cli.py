@@ -14,6 +14,7 @@ from pathlib import Path
 from types import FrameType
 
 from audit import catalogue, changes, environment, hermetic, pipeline, sources
+from audit import scope as scopes
 from audit.arguments import build_parser
 from audit.config import (
     Config,
@@ -89,7 +90,13 @@ def run(args: argparse.Namespace) -> ExitCode:
     previous = load_results(args.compare) if getattr(args, "compare", None) else None
     writes = args.command not in ("fetch", "regions")  # these write nothing to the reports
     since = getattr(args, "since", None)
-    prepared = pipeline.prepare(config, vllm_src=args.vllm_src, writes_reports=writes, since=since)
+    prepared = pipeline.prepare(
+        config,
+        vllm_src=args.vllm_src,
+        writes_reports=writes,
+        since=since,
+        scope=getattr(args, "scope", scopes.REGIONS),
+    )
     print(f"fence-audit: vLLM {prepared.vllm.version}; tests from {prepared.source.origin}")
     print(f"fence-audit: target {prepared.target.module} ({prepared.target.path})")
     if prepared.changed is not None:
@@ -178,6 +185,9 @@ def check_inputs(
     if getattr(args, "since", None) is not None:
         check_since(config, args)
         configured.append(changes.OUTSIDE)  # a gate threshold may name the group
+    if getattr(args, "scope", scopes.REGIONS) == scopes.FILE:
+        check_file_scope(config, args)
+        configured.append(scopes.OUTSIDE_REGIONS)
     if gate is not None:
         given = {text.partition("=")[0] for text in args.fail_under_region}
         named += [
@@ -198,6 +208,22 @@ def check_inputs(
     check_cache_dir(config.cache_dir, config.cache_dir_from)
     hermetic.check_offline_models(config.offline_models)
     return entries
+
+
+def check_file_scope(config: Config, args: argparse.Namespace) -> None:
+    """``--scope file``: every mutant of the module, what no region holds in a group."""
+    if args.since is not None:
+        raise ConfigError(
+            "--scope file and --since do not go together: pull-request mode already judges "
+            "the changed code outside the regions",
+            details={"next": "drop --scope file (or --since, to audit the whole module)"},
+        )
+    if scopes.OUTSIDE_REGIONS in (region.name for region in config.regions):
+        raise ConfigError(
+            f"a configured region is named {scopes.OUTSIDE_REGIONS!r}, the name --scope file "
+            "gives the code outside every region",
+            details={"config": config.source, "next": "rename that region"},
+        )
 
 
 def check_since(config: Config, args: argparse.Namespace) -> None:

@@ -23,6 +23,7 @@ from audit.errors import ConfigError, ExitCode, ResultsIncomplete
 from audit.model import Fraction, percent_text
 from audit.report_model import AuditResults
 from audit.results import Tally
+from audit.scope import APART
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +124,7 @@ def evaluate(
             checks.append(_score_check(f"score of {name}", tally, threshold))
     if thresholds.min_line_coverage > 0:
         for region in results.regions:
-            if region.name == OUTSIDE:  # changed lines, not a region: shown, not gated
+            if region.name in APART:  # outside the fence: shown, not gated
                 continue
             percent = region.lines.percent
             passed = percent is None or _at_least(percent, thresholds.min_line_coverage)

@@ -18,12 +18,14 @@ from audit.protocol import MutantStatus
 from audit.report_model import (
     STATUS_ORDER,
     AuditResults,
+    FunctionTally,
     MutantRecord,
     RegionResult,
     SourceFunction,
     SourceLine,
 )
 from audit.results import Tally
+from audit.scope import APART
 
 STATUS_COLOURS = {
     MutantStatus.KILLED: "#2e7d32",
@@ -217,6 +219,8 @@ def render_region(results: AuditResults, region: RegionResult) -> str:
         '<span><i style="background:#ef5350"></i>missed</span>'
         "<span>dimmed: outside this region</span><span>right column: covering tests</span></p>",
     ]
+    if region.name in APART:  # outside the fence: read function by function
+        parts.append(_function_table(results.by_function(region.name)))
     for function in functions:
         parts.append(_source_table(function, region.name, by_line))
     placed = {line for f in functions for line in range(f.start, f.end + 1)}
@@ -314,6 +318,26 @@ def _region_table(regions: Iterable[RegionResult]) -> str:
         "<th class=num>survived</th><th class=num>timeout</th><th class=num>judged</th>"
         "<th class=num>no tests</th><th class=num>errors</th><th class=num>lines</th>"
         "<th class=num>branches</th><th>what it is</th></tr></thead><tbody>"
+        + "".join(rows)
+        + "</tbody></table>"
+    )
+
+
+def _function_table(functions: Iterable[FunctionTally]) -> str:
+    rows = [
+        f"<tr><td><code>{escape(f.name)}</code></td>"
+        f'<td class="num"><strong>{percent_text(f.tally.score)}</strong></td>'
+        f'<td class="num">{percent_text(f.vllm_score)}</td>'
+        f'<td class="num">{f.tally.killed}</td><td class="num">{f.tally.survived}</td>'
+        f'<td class="num">{f.tally.timeout}</td><td class="num">{f.tally.judged}</td>'
+        f'<td class="num">{f.tally.no_tests}</td></tr>'
+        for f in functions
+    ]
+    return (
+        "<h2>By function</h2><table><thead><tr><th>function</th><th class=num>score</th>"
+        '<th class=num title="killed by a test of vLLM\'s own suite">vLLM alone</th>'
+        "<th class=num>killed</th><th class=num>survived</th><th class=num>timeout</th>"
+        "<th class=num>judged</th><th class=num>no tests</th></tr></thead><tbody>"
         + "".join(rows)
         + "</tbody></table>"
     )

@@ -13,6 +13,7 @@ import re
 from audit.model import percent_text
 from audit.report_model import AuditResults, ChangeRecord, MutantRecord
 from audit.results import Tally
+from audit.scope import FILE, OUTSIDE_REGIONS
 
 # GitHub folds a step summary above 1 MiB; long diffs are cut well below that.
 DIFF_LINES = 40
@@ -56,6 +57,8 @@ def render_summary(results: AuditResults, previous: AuditResults | None = None) 
             "threshold names it.",
             "",
         ]
+    if results.scope == FILE:
+        lines += _by_function(results)
     absent = [(r.name, part) for r in results.regions for part in r.absent]
     if absent:
         lines += [f"Absent in vLLM {_cell(results.vllm_version)} (not yet in this release):", ""]
@@ -64,6 +67,10 @@ def render_summary(results: AuditResults, previous: AuditResults | None = None) 
     if previous is not None:
         lines += _changes(results, previous)
     survivors = results.survivors()
+    if results.scope == FILE:  # the fence's survivors here; the rest on the group's page
+        apart = [m for m in survivors if m.region == OUTSIDE_REGIONS]
+        survivors = tuple(m for m in survivors if m.region != OUTSIDE_REGIONS)
+        lines += [f"{len(apart)} survivors outside the regions: see the table above.", ""]
     if results.since is None:  # a pull-request run listed them first
         lines.append(f"### Survivors ({len(survivors)})")
         lines.append("")
@@ -111,6 +118,27 @@ def render_summary(results: AuditResults, previous: AuditResults | None = None) 
         ]
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _by_function(results: AuditResults) -> list[str]:
+    """--scope file: the module outside the regions, function by function."""
+    functions = results.by_function(OUTSIDE_REGIONS)
+    lines = [
+        f"{_code(OUTSIDE_REGIONS)}: every function of the module outside the fence regions, "
+        "scored apart: not in **all**; the gate checks it only when a threshold names it.",
+        "",
+        f"### Outside the regions, by function ({len(functions)})",
+        "",
+        "| function | score | vLLM alone | killed | survived | timeout | judged | no tests |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    lines += [
+        f"| {_code(f.name)} | {percent_text(f.tally.score)} | {percent_text(f.vllm_score)} "
+        f"| {f.tally.killed} | {f.tally.survived} | {f.tally.timeout} | {f.tally.judged} "
+        f"| {f.tally.no_tests} |"
+        for f in functions
+    ]
+    return [*lines, ""]
 
 
 def _changed_code(results: AuditResults, since: ChangeRecord) -> list[str]:

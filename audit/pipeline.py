@@ -31,6 +31,7 @@ from audit import (
     results,
     sources,
 )
+from audit import scope as scopes
 from audit.baseline import cached_baseline, start_baseline
 from audit.baseline_cache import BaselineCache, baseline_inputs
 from audit.catalogue import Entry
@@ -76,6 +77,7 @@ class Prepared:
     # with the group of the changed code outside every region (changes.OUTSIDE).
     changed: changes.ChangedCode | None = None
     findings: tuple[Finding, ...] = ()  # real vLLM bugs, by release (docs/findings.toml)
+    scope: str = scopes.REGIONS  # which of mutmut's mutants: the regions', or the file's
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,11 +116,13 @@ def prepare(
     vllm_src: Path | None = None,
     writes_reports: bool = True,
     since: str | None = None,
+    scope: str = scopes.REGIONS,
 ) -> Prepared:
     """``writes_reports``: the command writes to the reports folder, which must then be
     writable and hold nothing fence-audit did not write (checked first, writing nothing).
     ``since``: a git ref of the ``vllm_src`` checkout; only the target's code changed
-    since then is audited (pull-request mode)."""
+    since then is audited (pull-request mode). ``scope``: :data:`scopes.FILE` adds
+    the group of every function's code outside the regions (:mod:`audit.scope`)."""
     if writes_reports:
         outputs.check_reports_dir(config.reports_dir)
     # The project's own files first: a broken one costs no download.
@@ -145,6 +149,8 @@ def prepare(
         relpath = environment.module_relpath(config.target)
         changed = changes.changed_since(source.root, since, relpath)
         regions = (*regions, changes.outside_group(changed, text, regions))
+    if scope == scopes.FILE:
+        regions = (*regions, scopes.outside_regions_group(text, regions))
     return Prepared(
         config,
         vllm,
@@ -156,6 +162,7 @@ def prepare(
         equivalents,
         changed,
         load_findings(config.findings_file, config.project_dir),
+        scope,
     )
 
 
@@ -341,6 +348,7 @@ def _mutate(
         incomplete=incomplete,
         since=changes.record(prepared.changed) if prepared.changed else None,
         findings=stage.run.findings,
+        scope=prepared.scope,
     )
     if incomplete is not None:
         report(config, config.reports_dir / "audit.json")
@@ -352,7 +360,7 @@ def _mutate(
             },
         )
     tallies = results.tally_by_region(mutants, verdicts, names)
-    overall = Tally.of(verdicts[m.id].status for m in mutants if m.region != changes.OUTSIDE)
+    overall = Tally.of(verdicts[m.id].status for m in mutants if m.region not in scopes.APART)
     return MutationStage(
         stage, mutant_set, entries, mutants, verdicts, tallies, overall, duration, after
     )
@@ -376,6 +384,17 @@ def _mutmut_mutants(
 ) -> MutantSet:
     if prepared.changed is not None:
         return _changed_mutants(prepared, regions, source, lines_to_tests)
+    if prepared.scope == scopes.FILE:  # every function; what no region holds goes apart
+        fence = tuple(r for r in prepared.regions if r.name != scopes.OUTSIDE_REGIONS)
+        return build_mutants(
+            source,
+            str(prepared.target.path),
+            regions,
+            lines_to_tests,
+            functions=scopes.all_functions(source),
+            place=scopes.placer(fence, (r.name for r in regions)),
+            cache_dir=mutations_cache(prepared.config),
+        )
     return build_mutants(
         source,
         str(prepared.target.path),

@@ -270,6 +270,20 @@ def walk_statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
             yield from walk_statements(block)
 
 
+def module_functions(source: str) -> Iterator[tuple[str, int, int]]:
+    """(qualified name, first line, last line) of each module function and method of a
+    module class, decorators included."""
+    tree = ast.parse(source)
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            yield node.name, first_line(node), node.end_lineno or node.lineno
+        elif isinstance(node, ast.ClassDef):
+            for child in node.body:
+                if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                    name = f"{node.name}.{child.name}"
+                    yield name, first_line(child), child.end_lineno or child.lineno
+
+
 def first_line(node: FunctionNode) -> int:
     """Where a function's text starts: its first decorator, else its ``def``."""
     return min([node.lineno, *(d.lineno for d in node.decorator_list)])

@@ -35,6 +35,7 @@ from audit.results_schema import (
     stored_tally,
     text,
 )
+from audit.scope import APART, FILE, OUTSIDE_REGIONS, REGIONS, SCOPES
 
 STATUS_ORDER = (
     MutantStatus.SURVIVED,
@@ -214,6 +215,17 @@ class ChangeRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class FunctionTally:
+    name: str
+    tally: Tally
+    killed_by_vllm: int
+
+    @property
+    def vllm_score(self) -> float | None:
+        return Fraction(self.killed_by_vllm, self.tally.judged).percent
+
+
+@dataclass(frozen=True, slots=True)
 class AuditResults:
     path: Path
     tool_version: str
@@ -239,6 +251,7 @@ class AuditResults:
     incomplete: tuple[int, int] | None = None
     since: ChangeRecord | None = None  # a pull-request run (--since REF)
     findings: tuple[FindingRecord, ...] = ()  # real vLLM bugs of this release
+    scope: str = "regions"  # "file": every mutant of the module (audit.scope)
 
     @property
     def vllm_score(self) -> float | None:
@@ -266,6 +279,18 @@ class AuditResults:
     def mutants_of(self, region: str) -> tuple[MutantRecord, ...]:
         return tuple(m for m in self.mutants if m.region == region)
 
+    def by_function(self, region: str) -> tuple[FunctionTally, ...]:
+        """The tally of each function's mutants in ``region``, recomputed; in file order.
+        For the groups outside the fence (--scope file), which are read by function."""
+        order = {f.name: f.start for f in self.functions}
+        grouped: dict[str, list[MutantRecord]] = {}
+        for mutant in self.mutants_of(region):
+            grouped.setdefault(mutant.function, []).append(mutant)
+        return tuple(
+            FunctionTally(name, *_tally(mutants))
+            for name, mutants in sorted(grouped.items(), key=lambda i: (order.get(i[0], 0), i[0]))
+        )
+
     def survivors(self) -> tuple[MutantRecord, ...]:
         return tuple(m for m in self.mutants if m.status is MutantStatus.SURVIVED)
 
@@ -285,11 +310,14 @@ def _results(path: Path, document: Fields) -> AuditResults:
     _check_unique(mutants)
     # Every tally is recomputed from the mutants; the stored ones must agree.
     tallies = {f"regions.{n}": _tally([m for m in mutants if m.region == n]) for n in names}
-    tallies["score"] = _tally([m for m in mutants if m.region != OUTSIDE])  # scored apart
+    tallies["score"] = _tally([m for m in mutants if m.region not in APART])  # scored apart
     stored = {f"regions.{name}": stored_tally(body) for name, body in bodies}
     overall = document.object("score")
     stored["score"] = stored_tally(overall)
     since = _since(document, names, mutants, stored, tallies)
+    scope = choice(document.raw("scope", REGIONS), "scope", SCOPES)
+    if OUTSIDE_REGIONS in names and scope != FILE:
+        raise Invalid(f"regions.{OUTSIDE_REGIONS}", "only a run of --scope file has this group")
     regions = tuple(_region(name, body, tallies[f"regions.{name}"]) for name, body in bodies)
     tool, target = document.object("tool"), document.object("target")
     suite = document.object("suite", optional=True)
@@ -318,6 +346,7 @@ def _results(path: Path, document: Fields) -> AuditResults:
         incomplete=_incomplete(document, len(mutants)),
         since=since,
         findings=tuple(_finding(f) for f in document.objects("findings", optional=True)),
+        scope=scope,
     )
     for part in (overall, tool, target, suite, document):
         part.close()

@@ -51,7 +51,6 @@ from typing import Any
 
 from audit import __version__
 from audit.catalogue import CatalogueMutants
-from audit.changes import OUTSIDE
 from audit.files import write_json
 from audit.findings import Found
 from audit.model import (
@@ -66,6 +65,7 @@ from audit.model import (
 from audit.mutants import OutOfRegion
 from audit.protocol import MutantStatus, is_project_test
 from audit.regions import Region, find_function, first_line
+from audit.scope import APART
 
 AUDIT_FORMAT = 2
 
@@ -125,11 +125,13 @@ def write_audit(
     incomplete: tuple[int, int] | None = None,
     since: dict[str, Any] | None = None,
     findings: tuple[Found, ...] = (),
+    scope: str = "regions",
 ) -> dict[str, Any]:
     tallies = tally_by_region(mutants, verdicts, (r.name for r in regions))
     reasons = {e["id"]: e["reason"] for e in equivalents or () if e["state"] == "applied"}
-    # The group of changed code outside every region (pull-request mode) is scored apart.
-    scored = tuple(m for m in mutants if m.region != OUTSIDE)
+    # The groups outside every region (pull-request mode's changed code, --scope file's
+    # functions) are scored apart.
+    scored = tuple(m for m in mutants if m.region not in APART)
     overall = Tally.of(verdicts[m.id].status for m in scored)
     by_name = {c.name: c for c in coverage}
     absent = {r.name: [str(part) for part in r.absent] for r in regions if r.absent}
@@ -162,6 +164,8 @@ def write_audit(
             {"id": o.id, "function": o.function, "line": o.line} for o in out_of_region
         ],
     }
+    if scope != "regions":  # --scope file: every mutant of the module
+        document["scope"] = scope
     if incomplete is not None:  # an interrupted run: only the mutants judged so far
         document["incomplete"] = {"judged": incomplete[0], "of": incomplete[1]}
     if since is not None:  # pull-request mode: every mutant lies on changed code
