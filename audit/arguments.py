@@ -126,6 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--compare", type=Path, metavar="OLD_AUDIT_JSON", help="show changes since this run"
     )
     mutate.add_argument(
+        "--no-catalogue",
+        action="store_true",
+        help="judge mutmut's mutants only, not the catalogue's (the benchmark compares "
+        "with mutmut, which cannot apply them)",
+    )
+    mutate.add_argument(
         "--scope",
         choices=("regions", "file"),
         default="regions",
@@ -173,6 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("-j", "--jobs", type=JOBS, default=os.cpu_count() or 1)
     bench.add_argument("--region", action="append", default=[], metavar="NAME")
+    bench.add_argument(
+        "--scope", choices=("regions", "file"), default="regions", help="as for mutate"
+    )
     bench.add_argument("--suite", action="append", default=[], metavar="ROOT:PATH")
     bench.add_argument(
         "--sample",

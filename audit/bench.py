@@ -1,19 +1,26 @@
 """The benchmark: this executor against mutmut, fresh processes, and the floor.
 
-On one in-region mutant set, in one run, it times
+On one mutant set (the regions', or with ``--scope file`` the whole module's), in
+one run, it times
   (a) this executor (a warm process, one fork per mutant),
   (b) ``mutmut run`` on the same mutants, staged as a plain mutmut user would,
   (c) a sample of mutants each judged in a fresh pytest process,
   (d) the floor: one vLLM import, plus for each mutant the baseline duration of the
       tests it truly needs (its killer if killed, every covering test if not),
       divided by the workers,
+  (e) what a user waits for: ``fence-audit mutate`` end to end in a new process, from
+      caches holding nothing but vLLM's tests (generation, baseline, mutants,
+      reports), then the same command again with nothing changed (the no-op),
 and writes ``reports/bench.json``. Timing claims in this project come from here.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,12 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from audit import executor, mutmut_adapter
+from audit import executor, mutmut_adapter, pipeline
 from audit.files import write_json
 from audit.hermetic import child_environment, prepare_hf_home
 from audit.jobs import ExecutorOptions
 from audit.model import Mutant, MutantResult
-from audit.mutants import build_mutants
 from audit.outputs import claim
 from audit.pipeline import CoverageStage
 from audit.protocol import MutantStatus, PlainRunSpec, apply_edits, write_spec
@@ -52,9 +58,17 @@ class Bench:
     subprocess_sample: int
     statuses_agree: bool
     disagreements: tuple[tuple[str, str, str], ...]  # (mutant id, ours, mutmut)
+    scope: str = "regions"
+    ours_e2e_s: float = 0.0  # `fence-audit mutate` from cold caches, in a new process
+    noop_s: float = 0.0  # the same command again, nothing changed
 
     def ratios(self) -> dict[str, float]:
+        e2e = {
+            "mutmut_over_ours_e2e": round(self.mutmut_s / self.ours_e2e_s, 2),
+            "noop_over_ours_e2e": round(self.noop_s / self.ours_e2e_s, 3),
+        }
         return {
+            **(e2e if self.ours_e2e_s else {}),
             "mutmut_over_ours": round(self.mutmut_s / self.ours_s, 2),
             "mutmut_over_ours_cold": round(self.mutmut_s / self.ours_cold_s, 2),
             "ours_over_floor": round(self.ours_s / self.floor_s, 2),
@@ -65,17 +79,26 @@ class Bench:
 
 
 def run_bench(
-    stage: CoverageStage, options: ExecutorOptions, only: tuple[str, ...], sample: int
+    stage: CoverageStage,
+    options: ExecutorOptions,
+    only: tuple[str, ...],
+    sample: int,
+    command: tuple[str, ...] = (),
 ) -> Bench:
+    """``command``: the `fence-audit mutate` options that select the same mutants and
+    suite, for the end-to-end timings (none: they are skipped)."""
     prepared = stage.prepared
     work = prepared.config.reports_dir / ".work" / "bench"
     # A private cache: the benchmark judges every mutant and leaves the real cache alone.
     config = dataclasses.replace(prepared.config, cache_dir=work / "cache")
-    regions = tuple(r for r in prepared.regions if not only or r.name in only)
+    shutil.rmtree(config.cache_dir / "mutations", ignore_errors=True)  # generation cold
+    regions = pipeline.run_regions(prepared, only)
     source = prepared.target.path.read_text()
 
     started = time.monotonic()
-    mutant_set = build_mutants(source, str(prepared.target.path), regions, stage.coverage_map.lines)
+    mutant_set = pipeline.mutmut_mutants(
+        dataclasses.replace(prepared, config=config), regions, source, stage.coverage_map.lines
+    )
     generation_s = time.monotonic() - started
     mutants = [m for m in mutant_set.mutants if m.covered_by]
     fresh = dataclasses.replace(options, use_cache=False)
@@ -111,11 +134,13 @@ def run_bench(
     picked = mutants[:: max(1, len(mutants) // max(sample, 1))][:sample]
     per_mutant = [_fresh_process_seconds(stage, config.cache_dir, m, source) for m in picked]
 
+    e2e_s, noop_s, e2e = end_to_end(stage, command, work / "e2e") if command else (0.0, 0.0, {})
     disagreements = tuple(
         (m.id, ours[m.id].status.value, theirs[m.id].status.value)
         for m in mutants
         if ours[m.id].status is not theirs[m.id].status
         or cold[m.id].status is not ours[m.id].status
+        or (e2e and e2e.get(m.id) != ours[m.id].status.value)
     )
     return Bench(
         mutants=len(mutants),
@@ -131,7 +156,58 @@ def run_bench(
         subprocess_sample=len(per_mutant),
         statuses_agree=not disagreements,
         disagreements=disagreements,
+        scope=prepared.scope,
+        ours_e2e_s=round(e2e_s, 3),
+        noop_s=round(noop_s, 3),
     )
+
+
+def mutate_command(args: argparse.Namespace) -> tuple[str, ...]:
+    """The `fence-audit mutate` options that judge what this benchmark judges: the same
+    scope, regions, suite, workers and checkout, and mutmut's mutants only."""
+    command = ["--scope", args.scope, "--no-catalogue", "--jobs", str(args.jobs)]
+    for region in args.region:
+        command += ["--region", region]
+    for entry in args.suite:
+        command += ["--suite", entry]
+    if args.vllm_src is not None:
+        command += ["--vllm-src", str(args.vllm_src)]
+    return tuple(command)
+
+
+def end_to_end(
+    stage: CoverageStage, command: tuple[str, ...], work: Path
+) -> tuple[float, float, dict[str, str]]:
+    """`fence-audit mutate COMMAND` in a new process from a cache holding only vLLM's
+    tests, timed; then again, nothing changed. Returns both wall times and the first
+    run's status of each mutant."""
+    prepared = stage.prepared
+    shutil.rmtree(work, ignore_errors=True)
+    cache, reports = work / "cache", work / "reports"
+    tests = prepared.source.root
+    if not prepared.source.checkout:  # vLLM's extracted tests: no download in the timing
+        shutil.copytree(tests, cache / "tests" / tests.name, symlinks=True)
+        digest = prepared.config.cache_dir / "sdist" / f"{tests.name}.tar.gz.sha256"
+        if digest.is_file():
+            (cache / "sdist").mkdir(parents=True)
+            shutil.copy(digest, cache / "sdist" / digest.name)
+    argv = [
+        sys.executable, "-m", "audit", "mutate", *command,
+        "--cache-dir", str(cache), "--reports", str(reports),
+    ]  # fmt: skip
+    if Path(prepared.config.source).is_file():  # the configuration this run read
+        argv += ["--config", prepared.config.source]
+    times = []
+    for _ in range(2):
+        started = time.monotonic()
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        times.append(time.monotonic() - started)
+        if done.returncode not in (0, 2):  # 2: the gate failed, the audit ran
+            tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
+            raise RuntimeError(f"the end-to-end run exited {done.returncode}: {tail}")
+    document = json.loads((reports / "audit.json").read_text())
+    statuses = {m["id"]: m["status"] for m in document["mutants"]}
+    return times[0], times[1], statuses
 
 
 def write_bench(bench: Bench, path: Path) -> dict[str, Any]:
@@ -152,7 +228,8 @@ def format_bench(bench: Bench) -> str:
     ratios = bench.ratios()
     return "\n".join(
         [
-            f"mutants judged            {bench.mutants} (workers: {bench.jobs})",
+            f"mutants judged            {bench.mutants} (scope: {bench.scope}; workers: "
+            f"{bench.jobs})",
             f"this executor             {bench.ours_s:8.1f} s   "
             "(in the baseline's warm process, as the audit runs it)",
             f"  in a new process        {bench.ours_cold_s:8.1f} s   "
@@ -168,6 +245,18 @@ def format_bench(bench: Bench) -> str:
             + "".join(f"\n  {i}: ours {a}, mutmut {b}" for i, a, b in bench.disagreements),
             f"(not timed above: mutant generation {bench.generation_s:.1f} s, "
             f"baseline under coverage {bench.baseline_s:.1f} s)",
+            *(
+                [
+                    f"end to end, cold caches   {bench.ours_e2e_s:8.1f} s   "
+                    f"mutmut / that = {ratios['mutmut_over_ours_e2e']}   "
+                    "(`fence-audit mutate` in a new process: generation, baseline, mutants, "
+                    "reports)",
+                    f"again, nothing changed    {bench.noop_s:8.1f} s   "
+                    f"that / end to end = {ratios['noop_over_ours_e2e']}",
+                ]
+                if bench.ours_e2e_s
+                else []
+            ),
         ]
     )
 

@@ -80,6 +80,8 @@ def configure(args: argparse.Namespace) -> Config:
 
 def run(args: argparse.Namespace) -> ExitCode:
     config = configure(args)
+    if getattr(args, "no_catalogue", False):  # mutmut's mutants only
+        config = dataclasses.replace(config, catalogue_dir=None)
     if args.command in ("report", "gate"):
         return from_results(config, args)
     if args.command == "catalogue":
@@ -121,7 +123,11 @@ def run(args: argparse.Namespace) -> ExitCode:
 
         try:
             result = bench.run_bench(
-                stage, ExecutorOptions(jobs=args.jobs), tuple(args.region), args.sample
+                stage,
+                ExecutorOptions(jobs=args.jobs),
+                tuple(args.region),
+                args.sample,
+                command=bench.mutate_command(args),
             )
         finally:
             stage.close()

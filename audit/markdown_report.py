@@ -66,11 +66,7 @@ def render_summary(results: AuditResults, previous: AuditResults | None = None) 
         lines.append("")
     if previous is not None:
         lines += _changes(results, previous)
-    survivors = results.survivors()
-    if results.scope == FILE:  # the fence's survivors here; the rest on the group's page
-        apart = [m for m in survivors if m.region == OUTSIDE_REGIONS]
-        survivors = tuple(m for m in survivors if m.region != OUTSIDE_REGIONS)
-        lines += [f"{len(apart)} survivors outside the regions: see the table above.", ""]
+    survivors = _fence_survivors(results, lines)
     if results.since is None:  # a pull-request run listed them first
         lines.append(f"### Survivors ({len(survivors)})")
         lines.append("")
@@ -118,6 +114,17 @@ def render_summary(results: AuditResults, previous: AuditResults | None = None) 
         ]
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _fence_survivors(results: AuditResults, lines: list[str]) -> tuple[MutantRecord, ...]:
+    """The survivors to list; with --scope file the fence's, and the others counted
+    into ``lines`` (their functions' table lists them)."""
+    survivors = results.survivors()
+    if results.scope != FILE:
+        return survivors
+    apart = [m for m in survivors if m.region == OUTSIDE_REGIONS]
+    lines += [f"{len(apart)} survivors outside the regions: see the table above.", ""]
+    return tuple(m for m in survivors if m.region != OUTSIDE_REGIONS)
 
 
 def _by_function(results: AuditResults) -> list[str]:

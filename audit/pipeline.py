@@ -253,7 +253,7 @@ def _mutate(
         config.region(name)  # an unknown name is a ConfigError naming the known ones
     regions = run_regions(prepared, only)
     source = prepared.target.path.read_text(encoding="utf-8")
-    mutant_set = _mutmut_mutants(prepared, regions, source, stage.coverage_map.lines)
+    mutant_set = mutmut_mutants(prepared, regions, source, stage.coverage_map.lines)
     others = {
         e.module: environment.installed_file(prepared.vllm, e.module)
         for e in prepared.catalogue
@@ -376,7 +376,7 @@ def run_regions(prepared: Prepared, only: tuple[str, ...]) -> tuple[Region, ...]
     )
 
 
-def _mutmut_mutants(
+def mutmut_mutants(
     prepared: Prepared,
     regions: tuple[Region, ...],
     source: str,
