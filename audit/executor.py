@@ -66,7 +66,9 @@ def judge(
         function = f"{mutant.module}:{mutant.function}" if mutant.module else mutant.function
         key = cache.key(mutant, function_hashes[function])
         cached = cache.lookup(mutant.id, key) if options.use_cache else None
-        if cached is not None:
+        # A timeout says how long the tests took on a machine as loaded as it was then:
+        # it is reported, and judged again by the next run, never reused.
+        if cached is not None and cached.status is not MutantStatus.TIMEOUT:
             verdicts[mutant.id] = cached
             continue
         cache.forget(key)
