@@ -118,6 +118,16 @@ def audit(session: nox.Session) -> None:
 
 
 @nox.session(venv_backend="none", default=False)
+def merge(session: nox.Session) -> None:
+    """Put a sharded audit back together: `nox -s merge -- SHARD_JSON... [--reports DIR]`.
+
+    Each shard is the audit.json of `nox -s audit -- --shard K/N`; the run's audit.json,
+    reports and gate follow, as after `nox -s audit` (it exits with the gate's code).
+    """
+    fence_audit(session, "merge")
+
+
+@nox.session(venv_backend="none", default=False)
 def coverage(session: nox.Session) -> None:
     """Run the fence suite under per-test coverage and print the region table."""
     fence_audit(session, "coverage")

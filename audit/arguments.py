@@ -17,6 +17,7 @@ from typing import NoReturn
 
 from audit import __version__
 from audit.errors import ConfigError
+from audit.shards import Shard
 
 
 class Parser(argparse.ArgumentParser):
@@ -45,6 +46,14 @@ def whole_number(minimum: int) -> Callable[[str], int]:
 
 
 JOBS = whole_number(1)  # -j 0 or -1 would otherwise be read as one worker
+
+
+def shard(text: str) -> Shard:
+    """An argparse type: ``K/N``, shard K of N."""
+    try:
+        return Shard.parse(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -143,6 +152,33 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="REF",
         help="pull-request mode, with --vllm-src: judge only the mutants on the target's "
         "lines changed since this git ref (a branch, tag or commit of the checkout)",
+    )
+    mutate.add_argument(
+        "--shard",
+        type=shard,
+        metavar="K/N",
+        help="judge only shard K of the run's mutants dealt over N jobs (by predicted cost); "
+        "the gate is left to `fence-audit merge`",
+    )
+    mutate.add_argument(
+        "--shard-costs",
+        type=Path,
+        metavar="COVERAGE_MAP",
+        help="with --shard: deal by the test durations of this coverage-map.json (the same "
+        "for every shard) rather than by this run's baseline",
+    )
+    merge = commands.add_parser(
+        "merge",
+        parents=[common],
+        help="put the audit.json of every shard of a run together into one, then write the "
+        "reports and check the gate, as mutate does",
+    )
+    merge.add_argument(
+        "shards", nargs="+", type=Path, metavar="SHARD_JSON", help="each shard's audit.json"
+    )
+    add_gate_options(merge)
+    merge.add_argument(
+        "--compare", type=Path, metavar="OLD_AUDIT_JSON", help="show changes since this run"
     )
     report = commands.add_parser(
         "report",

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 
-from audit import catalogue, changes, environment, hermetic, pipeline, sources
+from audit import catalogue, changes, environment, hermetic, pipeline, shards, sources
 from audit import scope as scopes
 from audit.arguments import build_parser
 from audit.config import (
@@ -84,11 +84,14 @@ def run(args: argparse.Namespace) -> ExitCode:
         config = dataclasses.replace(config, catalogue_dir=None)
     if args.command in ("report", "gate"):
         return from_results(config, args)
+    if args.command == "merge":
+        return merge(config, args)
     if args.command == "catalogue":
         return check_catalogue(config, args.vllm_src, args.release)
     # Every input is checked before the run: a bad one must not cost a download or a baseline.
     gate = thresholds(config, args) if args.command == "mutate" else None
     entries = check_inputs(config, args, gate)
+    costs = shard_costs(args) if args.command == "mutate" else None
     previous = load_results(args.compare) if getattr(args, "compare", None) else None
     writes = args.command not in ("fetch", "regions")  # these write nothing to the reports
     since = getattr(args, "since", None)
@@ -137,14 +140,8 @@ def run(args: argparse.Namespace) -> ExitCode:
         print(f"\nfence-audit: benchmark in {reports / 'bench.json'}")
         return ExitCode.OK
     if args.command == "mutate":
-        options = ExecutorOptions(jobs=args.jobs, use_cache=not args.no_cache)
-        stage_result = pipeline.mutate(stage, options, tuple(args.region), engine=args.engine)
-        report_mutation(stage_result)
         assert gate is not None
-        reported = pipeline.report(config, reports / "audit.json", previous)
-        code = print_gate(pipeline.gate(reported.results, gate, config))
-        print_report_and_gate(reported, code)
-        return code
+        return mutate(stage, args, gate, costs, previous)
     print(
         f"fence-audit: baseline green: {len(stage.run.tests)} tests in "
         f"{stage.run.duration_s:.1f}s (log: {stage.run.log})"
@@ -155,6 +152,30 @@ def run(args: argparse.Namespace) -> ExitCode:
     print()
     print(format_table(stage.regions))
     return ExitCode.OK
+
+
+def mutate(
+    stage: pipeline.CoverageStage,
+    args: argparse.Namespace,
+    gate: GateThresholds,
+    costs: dict[str, float] | None,
+    previous: AuditResults | None,
+) -> ExitCode:
+    """``mutate`` after the baseline: judge, write the reports, run the gate (a shard
+    leaves the gate to ``merge``)."""
+    config = stage.prepared.config
+    options = ExecutorOptions(jobs=args.jobs, use_cache=not args.no_cache)
+    stage_result = pipeline.mutate(
+        stage, options, tuple(args.region), args.engine, args.shard, costs
+    )
+    report_mutation(stage_result)
+    reported = pipeline.report(config, config.reports_dir / "audit.json", previous)
+    if args.shard is not None:
+        print_shard(reported)
+        return ExitCode.OK
+    code = print_gate(pipeline.gate(reported.results, gate, config))
+    print_report_and_gate(reported, code)
+    return code
 
 
 def baseline(
@@ -232,6 +253,18 @@ def check_file_scope(config: Config, args: argparse.Namespace) -> None:
         )
 
 
+def shard_costs(args: argparse.Namespace) -> dict[str, float] | None:
+    """``--shard-costs``: the test durations every shard deals by (read before the run)."""
+    if args.shard_costs is None:
+        return None
+    if args.shard is None:
+        raise ConfigError(
+            "--shard-costs deals the mutants over shards: it needs --shard K/N",
+            details={"next": "add --shard K/N, or drop --shard-costs"},
+        )
+    return shards.read_costs(args.shard_costs)
+
+
 def check_since(config: Config, args: argparse.Namespace) -> None:
     """``--since``: pull-request mode compares a checkout's target with a git ref."""
     if args.vllm_src is None:
@@ -268,7 +301,7 @@ def unchanged(
     """``--since`` and the target did not change: nothing to judge, no baseline; the
     reports say so (a PR comment posted from summary.md must not be an older run's)."""
     config = prepared.config
-    path = pipeline.unchanged(prepared, tuple(args.region), entries)
+    path = pipeline.unchanged(prepared, tuple(args.region), entries, args.shard)
     written = pipeline.report(config, path, previous).written
     assert prepared.changed is not None
     print(
@@ -365,6 +398,30 @@ def from_results(config: Config, args: argparse.Namespace) -> ExitCode:
     return ExitCode.OK
 
 
+def merge(config: Config, args: argparse.Namespace) -> ExitCode:
+    """``merge``: one run's audit.json from its shards', then the reports and the gate,
+    as after ``mutate``; nothing runs."""
+    gate = thresholds(config, args)
+    previous = load_results(args.compare) if args.compare else None
+    path = pipeline.merge(config, tuple(args.shards))
+    print(f"fence-audit: merged {len(args.shards)} shards into {path}")
+    reported = pipeline.report(config, path, previous)
+    code = print_gate(pipeline.gate(reported.results, gate, config))
+    print_report_and_gate(reported, code)
+    return code
+
+
+def print_shard(reported: pipeline.ReportStage) -> None:
+    """A shard's run ends without the gate: its score is of a part of the run."""
+    shard = reported.results.shard
+    assert shard is not None
+    print_skipped(reported.written)
+    print(
+        f"fence-audit: report {reported.written.index}; {shard.described()}; gate not "
+        "checked: `fence-audit merge` every shard's audit.json, then the gate runs on the run"
+    )
+
+
 def print_skipped(written: Written) -> None:
     for name, reason in written.skipped.items():
         print(f"fence-audit: {name} not written: {reason}")
@@ -405,6 +462,13 @@ def report_mutation(stage: pipeline.MutationStage) -> None:
         f"{len(stage.verdicts) - len(run)} reached by no test); judged {counts[False]}, "
         f"from cache {counts[True]}, in {stage.duration_s:.1f}s"
     )
+    if stage.shard is not None:
+        plan = stage.shard
+        print(
+            f"fence-audit: shard {plan.shard}: {len(plan.mutants)} of the run's "
+            f"{len(plan.run)} mutants, dealt by predicted cost; the counts below are this "
+            "shard's"
+        )
     print(f"fence-audit: installed {stage.after.path.name} unchanged (sha256 {stage.after.sha256})")
     changed = stage.coverage.prepared.changed
     if changed is not None:

@@ -12,7 +12,7 @@ killed and the reports flag the record.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -108,15 +108,9 @@ def apply_equivalents(
     is one of theirs; a catalogue entry's region is not known here), is left out of
     the records, as is one whose mutant has no verdict (an interrupted run): this run
     says nothing about it, and only a run that judged it can flag it ``absent``."""
-    by_id = {m.id: m for m in mutants}
-    skipped = {function for region in left_out for function in region.functions}
     updated = dict(verdicts)
     records = []
-    for equivalent in equivalents:
-        site = _site_in_run(equivalent, by_id, function_hashes)
-        mutant = by_id.get(site.id)
-        if mutant is None and any(_may_lie_in(s.id, skipped) for s in equivalent.sites):
-            continue
+    for equivalent, site, mutant in _in_run(mutants, function_hashes, equivalents, left_out):
         if mutant is not None and mutant.id not in verdicts:
             continue
         state = "absent"
@@ -140,6 +134,38 @@ def apply_equivalents(
             }
         )
     return updated, records
+
+
+def listed_records(
+    mutants: Sequence[Mutant],
+    function_hashes: Mapping[str, str],
+    equivalents: Sequence[Equivalent],
+    *,
+    left_out: Iterable[Region] = (),
+) -> list[str]:
+    """The ids of the records :func:`apply_equivalents` lists once every mutant has a
+    verdict, in the file's order: a shard judges only some of the run's mutants, and
+    merge puts the shards' records back in this order."""
+    return [site.id for _, site, _ in _in_run(mutants, function_hashes, equivalents, left_out)]
+
+
+def _in_run(
+    mutants: Sequence[Mutant],
+    function_hashes: Mapping[str, str],
+    equivalents: Sequence[Equivalent],
+    left_out: Iterable[Region],
+) -> Iterator[tuple[Equivalent, Site, Mutant | None]]:
+    """Each record this run speaks of, with its site in the run and that site's
+    mutant (None: absent); a record absent here that may lie in a region the run left
+    out is passed over."""
+    by_id = {m.id: m for m in mutants}
+    skipped = {function for region in left_out for function in region.functions}
+    for equivalent in equivalents:
+        site = _site_in_run(equivalent, by_id, function_hashes)
+        mutant = by_id.get(site.id)
+        if mutant is None and any(_may_lie_in(s.id, skipped) for s in equivalent.sites):
+            continue
+        yield equivalent, site, mutant
 
 
 def _site_in_run(

@@ -5,7 +5,9 @@ Each check compares a percentage with its threshold the way coverage.py's
 decimals before it is compared, and 100 means exactly 100. A run fails with
 ``SCORE_BELOW_THRESHOLD`` (2); when every failing check would pass if the timeouts
 had been killed, with ``TIMEOUTS_ONLY`` (3), so CI can tell a slow mutant from a
-weak test. The results of an interrupted run fail with ``INCOMPLETE`` (13).
+weak test. The results of an interrupted run fail with ``INCOMPLETE`` (13), and so
+do one shard's (``mutate --shard K/N``): its scores are of a part of the run, which
+says nothing of the fence; ``fence-audit merge`` puts the shards together, then gates.
 
 A pull-request run (``--since``) judges only the changed code: a region it holds no
 mutant of has nothing to check (not a failure), and the group of the changed code
@@ -92,6 +94,16 @@ def evaluate(
             details={
                 "results": str(results.path),
                 "next": "run `fence-audit mutate` again to resume, then the gate",
+            },
+        )
+    if results.shard is not None:
+        raise ResultsIncomplete(
+            f"the results are one shard of a run ({results.shard.described()}); the gate "
+            "cannot pass on a part of the run",
+            details={
+                "results": str(results.path),
+                "next": "`fence-audit merge` every shard's audit.json: it writes the run's "
+                "and runs the gate on it",
             },
         )
     present = {region.name for region in results.regions}

@@ -86,6 +86,7 @@ def render_index(results: AuditResults) -> str:
         _head(f"fence-audit: {percent_text(overall.score)} — vLLM {results.vllm_version}"),
         "<h1>fence-audit report</h1>",
         *_incomplete(results),
+        *_shard(results),
         _meta(results),
         *_changed(results),
         '<section id="summary"><h2>Score</h2>',
@@ -155,6 +156,17 @@ def _incomplete(results: AuditResults) -> list[str]:
     return [
         f'<p id="incomplete" class="flag">Incomplete: {results.interrupted}; run '
         "<code>fence-audit mutate</code> again to resume.</p>"
+    ]
+
+
+def _shard(results: AuditResults) -> list[str]:
+    """The banner of one shard's results (``mutate --shard K/N``; none for a run)."""
+    if results.shard is None:
+        return []
+    return [
+        f'<p id="shard" class="flag">One shard: {escape(results.shard.described())}; the '
+        "scores are of its mutants alone. <code>fence-audit merge</code> every shard for "
+        "the run's.</p>"
     ]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import math
 import os
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
@@ -60,13 +61,19 @@ def build_job(
         edits=mutant.edits,
         tests=tests,
         budgets=budgets,
-        timeout_s=options.mutant_timeout(
-            sum(durations.get(t, 0.0) for t in tests), budgets.values()
-        ),
+        timeout_s=options.mutant_timeout(predicted_cost(mutant, durations), budgets.values()),
         frame=None if mutant.module else function_frame(source, mutant.function),
         module=mutant.module,
         path=mutant.path,
     )
+
+
+def predicted_cost(mutant: Mutant, durations: Mapping[str, float]) -> float:
+    """What judging ``mutant`` may cost at most, in seconds: the baseline durations of
+    its covering tests (a survivor runs them all). ``math.fsum`` is exactly rounded,
+    so the sum does not depend on the order the tests come in: every process gets the
+    same figure from the same durations (the shards' partition relies on it)."""
+    return math.fsum(durations.get(test, 0.0) for test in set(mutant.covered_by))
 
 
 @functools.lru_cache(maxsize=256)  # one per function judged, not one per mutant

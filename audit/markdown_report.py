@@ -42,6 +42,7 @@ def render_summary(results: AuditResults, previous: AuditResults | None = None) 
             f"> **Incomplete**: {results.interrupted}; run `fence-audit mutate` again to resume.",
             "",
         ]
+    lines += _shard(results)
     lines += [
         f"{overall.killed} killed of {overall.judged} judged (killed + survived + timeout); "
         f"{overall.no_tests} with no covering test and {overall.error} errors counted apart. "
@@ -148,6 +149,17 @@ def _by_function(results: AuditResults) -> list[str]:
     return [*lines, ""]
 
 
+def _shard(results: AuditResults) -> list[str]:
+    """The banner of one shard's results (``mutate --shard K/N``; none for a run)."""
+    if results.shard is None:
+        return []
+    return [
+        f"> **One shard**: {results.shard.described()}; the scores are of its mutants "
+        "alone. `fence-audit merge` every shard for the run's.",
+        "",
+    ]
+
+
 def _changed_code(results: AuditResults, since: ChangeRecord) -> list[str]:
     """The head of a pull-request run's summary: the changed code's score and survivors."""
     tally = since.tally
@@ -161,6 +173,7 @@ def _changed_code(results: AuditResults, since: ChangeRecord) -> list[str]:
     lines = [head, ""]
     if results.interrupted:
         lines += [f"> **Incomplete**: {results.interrupted}.", ""]
+    lines += _shard(results)
     outside = len(results.mutants_of(since.group))
     lines += [
         f"{_compared(since)}: {since.lines_text(12)}. vLLM {_cell(results.vllm_version)}.",

@@ -5,7 +5,9 @@
 
 - :func:`prepare`: config, source, regions (and the catalogue, the equivalents);
 - :func:`coverage`: the baseline under coverage; coverage map, regions.json, its HTML;
-- :func:`mutate`: mutants, execute, results (``audit.json``);
+- :func:`mutate`: mutants, execute, results (``audit.json``); with a shard, only the
+  mutants dealt to it;
+- :func:`merge`: one run's ``audit.json`` from its shards' (instead of ``mutate``);
 - :func:`report`: every report, rendered from a saved ``audit.json`` alone;
 - :func:`gate`: the thresholds against a saved ``audit.json``.
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,6 +32,7 @@ from audit import (
     executor,
     outputs,
     results,
+    shards,
     sources,
 )
 from audit import scope as scopes
@@ -37,11 +41,13 @@ from audit.baseline_cache import BaselineCache, baseline_inputs
 from audit.catalogue import Entry
 from audit.config import Config, GateThresholds, SuitePath
 from audit.environment import Fingerprint
-from audit.equivalents import Equivalent, apply_equivalents, load_equivalents
+from audit.equivalents import Equivalent, apply_equivalents, listed_records, load_equivalents
 from audit.errors import ConfigError, RunInterrupted
+from audit.files import write_json
 from audit.findings import Finding, load_findings
 from audit.gate import GateResult, evaluate
 from audit.jobs import ExecutorOptions
+from audit.merge import merged_results
 from audit.model import (
     BaselineRun,
     CoverageMap,
@@ -57,6 +63,7 @@ from audit.report_model import AuditResults, load_results
 from audit.reports import Written, write_reports
 from audit.results import Tally
 from audit.session import WarmSession
+from audit.shards import Shard, ShardPlan
 from audit.sources import TestSource
 from audit.suite import Suite, stage_suite
 
@@ -108,6 +115,7 @@ class MutationStage:
     overall: Tally
     duration_s: float
     after: Fingerprint
+    shard: ShardPlan | None = None  # --shard K/N: ``mutants`` are those dealt to it
 
 
 def prepare(
@@ -236,16 +244,25 @@ def mutate(
     options: ExecutorOptions,
     only: tuple[str, ...] = (),
     engine: str = "fork",
+    shard: Shard | None = None,
+    costs: Mapping[str, float] | None = None,
 ) -> MutationStage:
-    """Judge the mutants of every region (or of the regions named in ``only``)."""
+    """Judge the mutants of every region (or of the regions named in ``only``); with
+    ``shard``, only those dealt to it (:mod:`audit.shards`), by the test durations
+    ``costs`` (default: the baseline's)."""
     try:
-        return _mutate(stage, options, only, engine)
+        return _mutate(stage, options, only, engine, shard, costs)
     finally:
         stage.close()
 
 
 def _mutate(
-    stage: CoverageStage, options: ExecutorOptions, only: tuple[str, ...], engine: str
+    stage: CoverageStage,
+    options: ExecutorOptions,
+    only: tuple[str, ...],
+    engine: str,
+    shard: Shard | None,
+    costs: Mapping[str, float] | None,
 ) -> MutationStage:
     prepared = stage.prepared
     config = prepared.config
@@ -259,42 +276,19 @@ def _mutate(
         for e in prepared.catalogue
         if e.module and e.module != config.target
     }
-    entries = catalogue.build_catalogue_mutants(
-        prepared.catalogue,
-        source,
-        str(prepared.target.path),
-        regions,
-        stage.coverage_map.lines,
-        others,
-        stage.coverage_map.durations,
-        version=prepared.vllm.version,
-        aliases=catalogue.function_aliases(config.regions),
-    )
-    if prepared.changed is not None:
-        entries = changes.changed_catalogue(entries, prepared.changed)
-    mutants = (*mutant_set.mutants, *entries.mutants)
-    hashes = function_hashes(source, {m.function for m in mutants if not m.module})
-    for module, path in others.items():
-        functions = {m.function for m in mutants if m.module == module}
-        text = path.read_text(encoding="utf-8")
-        hashes.update({f"{module}:{f}": h for f, h in function_hashes(text, functions).items()})
+    entries = _catalogue_mutants(stage, regions, source, others)
+    every_mutant = (*mutant_set.mutants, *entries.mutants)  # the run's
+    hashes = _function_hashes(source, every_mutant, others)
+    # What this process judges: every mutant of the run, or those dealt to its shard.
+    durations = stage.coverage_map.durations if costs is None else costs
+    plan, mutants = _deal(shard, every_mutant, durations)
     log = "logs/mutmut.log" if engine == "mutmut" else "logs/mutants.log"
     outputs.claim(config.reports_dir, log, "audit.json")  # listed before they are written
     started = time.monotonic()
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     incomplete: tuple[int, int] | None = None
-    every_mutant = mutants
     if engine == "mutmut":
-        stage.close()
-        from audit import mutmut_adapter  # libcst and mutmut: imported when used
-
-        verdicts = mutmut_adapter.judge(
-            config, stage.suite, prepared.target, mutant_set.mutants, options.jobs
-        )
-        for mutant in entries.mutants:  # mutmut's runner cannot apply them
-            verdicts[mutant.id] = MutantResult(
-                mutant.id, MutantStatus.ERROR, failure="catalogue entries need --engine fork"
-            )
+        verdicts = _judge_with_mutmut(stage, mutants, options)
     else:
         try:
             verdicts = executor.judge(
@@ -328,6 +322,9 @@ def _mutate(
     )
     after = environment.verify_untouched(prepared.vllm, config.target)
     names = [region.name for region in regions]
+    marker = None
+    if plan is not None:  # the records the whole run lists: merge restores their order
+        marker = plan.marker(listed_records(every_mutant, hashes, reviewed, left_out=left_out))
     results.write_audit(
         config.reports_dir / "audit.json",
         target=prepared.target,
@@ -349,21 +346,90 @@ def _mutate(
         since=changes.record(prepared.changed) if prepared.changed else None,
         findings=stage.run.findings,
         scope=prepared.scope,
+        shard=marker,
     )
     if incomplete is not None:
         report(config, config.reports_dir / "audit.json")
+        again = "fence-audit mutate" + (f" --shard {shard}" if shard else "")
         raise RunInterrupted(
             f"interrupted after {incomplete[0]} of {incomplete[1]} mutants had a verdict",
             details={
                 "results": f"{config.reports_dir / 'audit.json'} (marked incomplete)",
-                "next": "run `fence-audit mutate` again: it resumes from the verdicts so far",
+                "next": f"run `{again}` again: it resumes from the verdicts so far",
             },
         )
     tallies = results.tally_by_region(mutants, verdicts, names)
     overall = Tally.of(verdicts[m.id].status for m in mutants if m.region not in scopes.APART)
     return MutationStage(
-        stage, mutant_set, entries, mutants, verdicts, tallies, overall, duration, after
+        stage, mutant_set, entries, mutants, verdicts, tallies, overall, duration, after, plan
     )
+
+
+def _deal(
+    shard: Shard | None, mutants: tuple[Mutant, ...], durations: Mapping[str, float]
+) -> tuple[ShardPlan | None, tuple[Mutant, ...]]:
+    """``--shard K/N``: its part of the run, and the mutants dealt to it; else all."""
+    if shard is None:
+        return None, mutants
+    plan = shards.plan(shard, mutants, durations)
+    dealt = set(plan.mutants)
+    return plan, tuple(m for m in mutants if m.id in dealt)
+
+
+def _catalogue_mutants(
+    stage: CoverageStage, regions: tuple[Region, ...], source: str, others: Mapping[str, Path]
+) -> catalogue.CatalogueMutants:
+    """The catalogue's entries of ``regions`` applied (in pull-request mode, those on
+    the change); ``others``: the files of the other modules entries name."""
+    prepared = stage.prepared
+    entries = catalogue.build_catalogue_mutants(
+        prepared.catalogue,
+        source,
+        str(prepared.target.path),
+        regions,
+        stage.coverage_map.lines,
+        others,
+        stage.coverage_map.durations,
+        version=prepared.vllm.version,
+        aliases=catalogue.function_aliases(prepared.config.regions),
+    )
+    if prepared.changed is not None:
+        entries = changes.changed_catalogue(entries, prepared.changed)
+    return entries
+
+
+def _function_hashes(
+    source: str, mutants: Sequence[Mutant], others: Mapping[str, Path]
+) -> dict[str, str]:
+    """The sha256 of each mutated function's source: the target's by name, another
+    module's as ``module:name``."""
+    hashes = function_hashes(source, {m.function for m in mutants if not m.module})
+    for module, path in others.items():
+        functions = {m.function for m in mutants if m.module == module}
+        text = path.read_text(encoding="utf-8")
+        hashes.update({f"{module}:{f}": h for f, h in function_hashes(text, functions).items()})
+    return hashes
+
+
+def _judge_with_mutmut(
+    stage: CoverageStage, mutants: Sequence[Mutant], options: ExecutorOptions
+) -> dict[str, MutantResult]:
+    """``--engine mutmut``: mutmut's own runner judges its mutants; it cannot apply
+    the catalogue's, which are errors."""
+    stage.close()
+    from audit import mutmut_adapter  # libcst and mutmut: imported when used
+
+    prepared = stage.prepared
+    own = tuple(m for m in mutants if m.origin != "catalogue")
+    verdicts = mutmut_adapter.judge(
+        prepared.config, stage.suite, prepared.target, own, options.jobs
+    )
+    for mutant in mutants:
+        if mutant.origin == "catalogue":
+            verdicts[mutant.id] = MutantResult(
+                mutant.id, MutantStatus.ERROR, failure="catalogue entries need --engine fork"
+            )
+    return verdicts
 
 
 def run_regions(prepared: Prepared, only: tuple[str, ...]) -> tuple[Region, ...]:
@@ -433,10 +499,14 @@ def mutations_cache(config: Config) -> Path:
 
 
 def unchanged(
-    prepared: Prepared, only: tuple[str, ...], suite_entries: tuple[SuitePath, ...] = ()
+    prepared: Prepared,
+    only: tuple[str, ...],
+    suite_entries: tuple[SuitePath, ...] = (),
+    shard: Shard | None = None,
 ) -> Path:
     """Pull-request mode when the target did not change: no baseline, no mutant;
-    ``audit.json`` says what was compared, for the reports to say so."""
+    ``audit.json`` says what was compared, for the reports to say so (a shard's too:
+    merge then puts together a run of no mutant)."""
     config = prepared.config
     assert prepared.changed is not None
     entries = suite_entries or config.suite
@@ -460,7 +530,20 @@ def unchanged(
         started_at=datetime.now(UTC).isoformat(timespec="seconds"),
         duration_s=0.0,
         since=changes.record(prepared.changed),
+        shard=None if shard is None else shards.plan(shard, (), {}).marker(()),
     )
+    return path
+
+
+def merge(config: Config, paths: Sequence[Path]) -> Path:
+    """One run's ``audit.json`` in the reports folder, from its shards' results at
+    ``paths`` (:mod:`audit.merge`: each checked first; nothing is written if one is
+    refused). Then :func:`report` and :func:`gate`, as after :func:`mutate`."""
+    outputs.check_reports_dir(config.reports_dir)
+    path = config.reports_dir / "audit.json"
+    document = merged_results(paths, path)
+    outputs.claim(config.reports_dir, "audit.json")
+    write_json(path, document)
     return path
 
 

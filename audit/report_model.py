@@ -226,6 +226,29 @@ class FunctionTally:
 
 
 @dataclass(frozen=True, slots=True)
+class ShardRecord:
+    """One shard of a run dealt over ``count`` jobs (``mutate --shard K/N``): the file
+    holds only the mutants dealt to it; ``fence-audit merge`` puts the run together."""
+
+    index: int
+    count: int
+    mutants: tuple[str, ...]  # the ids dealt to this shard
+    run: tuple[str, ...]  # every mutant id of the run, in its order
+    equivalents: tuple[str, ...]  # the ids of the run's equivalents records, in order
+    costs: str  # the digest of the test durations the mutants were dealt by
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+    def described(self) -> str:
+        """``shard 2 of 4: 55 of the run's 221 mutants``."""
+        return (
+            f"shard {self.index} of {self.count}: {len(self.mutants)} of the run's "
+            f"{len(self.run)} mutants"
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class AuditResults:
     path: Path
     tool_version: str
@@ -252,6 +275,7 @@ class AuditResults:
     since: ChangeRecord | None = None  # a pull-request run (--since REF)
     findings: tuple[FindingRecord, ...] = ()  # real vLLM bugs of this release
     scope: str = "regions"  # "file": every mutant of the module (audit.scope)
+    shard: ShardRecord | None = None  # one shard of a run (mutate --shard K/N)
 
     @property
     def vllm_score(self) -> float | None:
@@ -287,7 +311,7 @@ class AuditResults:
         for mutant in self.mutants_of(region):
             grouped.setdefault(mutant.function, []).append(mutant)
         return tuple(
-            FunctionTally(name, *_tally(mutants))
+            FunctionTally(name, *tally_of(mutants))
             for name, mutants in sorted(grouped.items(), key=lambda i: (order.get(i[0], 0), i[0]))
         )
 
@@ -309,8 +333,8 @@ def _results(path: Path, document: Fields) -> AuditResults:
     mutants = tuple(_mutant(body, names) for body in document.objects("mutants"))
     _check_unique(mutants)
     # Every tally is recomputed from the mutants; the stored ones must agree.
-    tallies = {f"regions.{n}": _tally([m for m in mutants if m.region == n]) for n in names}
-    tallies["score"] = _tally([m for m in mutants if m.region not in APART])  # scored apart
+    tallies = {f"regions.{n}": tally_of([m for m in mutants if m.region == n]) for n in names}
+    tallies["score"] = tally_of([m for m in mutants if m.region not in APART])  # scored apart
     stored = {f"regions.{name}": stored_tally(body) for name, body in bodies}
     overall = document.object("score")
     stored["score"] = stored_tally(overall)
@@ -322,6 +346,8 @@ def _results(path: Path, document: Fields) -> AuditResults:
     tool, target = document.object("tool"), document.object("target")
     suite = document.object("suite", optional=True)
     out_of_region = document.objects("out_of_region", optional=True)
+    equivalents = tuple(_equivalent(e) for e in document.objects("equivalents", optional=True))
+    incomplete = _incomplete(document, len(mutants))
     results = AuditResults(
         path=path,
         tool_version=tool.text("version"),
@@ -341,12 +367,13 @@ def _results(path: Path, document: Fields) -> AuditResults:
         functions=_source(document.object("source"), document.texts("tests")),
         out_of_region=len([_out_of_region(body) for body in out_of_region]),
         catalogue=tuple(_catalogue(c) for c in document.objects("catalogue", optional=True)),
-        equivalents=tuple(_equivalent(e) for e in document.objects("equivalents", optional=True)),
+        equivalents=equivalents,
         overall_killed_by_vllm=tallies["score"][1],
-        incomplete=_incomplete(document, len(mutants)),
+        incomplete=incomplete,
         since=since,
         findings=tuple(_finding(f) for f in document.objects("findings", optional=True)),
         scope=scope,
+        shard=_shard(document, mutants, equivalents, incomplete),
     )
     for part in (overall, tool, target, suite, document):
         part.close()
@@ -354,7 +381,7 @@ def _results(path: Path, document: Fields) -> AuditResults:
     return results
 
 
-def _tally(mutants: Sequence[MutantRecord]) -> tuple[Tally, int]:
+def tally_of(mutants: Sequence[MutantRecord]) -> tuple[Tally, int]:
     """The tally of ``mutants`` and how many of them vLLM's own tests killed."""
     by_vllm = sum(killed_by_vllm(m.status, m.killed_by) for m in mutants)
     return Tally.of(m.status for m in mutants), by_vllm
@@ -549,7 +576,7 @@ def _since(
     body = document.object("since")
     score = body.object("score")
     stored["since.score"] = stored_tally(score)
-    tallies["since.score"] = _tally(mutants)
+    tallies["since.score"] = tally_of(mutants)
     old_path = body.raw("old_path", None)
     record = ChangeRecord(
         ref=body.text("ref"),
@@ -588,6 +615,68 @@ def _run(value: object, where: str) -> tuple[int, int]:
     if first > last:
         raise Invalid(where, f"first line {first} is after last line {last}")
     return first, last
+
+
+def _shard(
+    document: Fields,
+    mutants: tuple[MutantRecord, ...],
+    equivalents: tuple[EquivalentRecord, ...],
+    incomplete: tuple[int, int] | None,
+) -> ShardRecord | None:
+    """``shard`` of one shard's results (None for a whole run): the file holds exactly
+    the mutants dealt to it (those judged, if it was interrupted), each once in the
+    run, and only records of the run's equivalents."""
+    if document.raw("shard", None) is None:
+        return None
+    body = document.object("shard")
+    record = ShardRecord(
+        index=body.count("index"),
+        count=body.count("count"),
+        mutants=body.texts("mutants"),
+        run=body.texts("run"),
+        equivalents=body.texts("equivalents"),
+        costs=body.text("costs"),
+    )
+    body.close()
+    if not 1 <= record.index <= record.count:
+        raise Invalid(body.where("index"), f"{record.index} is not in 1..{record.count}")
+    _check_once(record.run, body.where("run"))
+    _check_once(record.mutants, body.where("mutants"))
+    if not re.fullmatch(r"[0-9a-f]{64}", record.costs):
+        raise Invalid(body.where("costs"), f"{record.costs!r} is not a sha256 digest")
+    run = set(record.run)
+    for number, mutant_id in enumerate(record.mutants):
+        if mutant_id not in run:
+            where = f"{body.where('mutants')}[{number}]"
+            raise Invalid(where, f"{mutant_id!r} is not in the run (shard.run)")
+    dealt = set(record.mutants)
+    for number, mutant in enumerate(mutants):
+        if mutant.id not in dealt:
+            raise Invalid(f"mutants[{number}].id", f"{mutant.id!r} was not dealt to shard {record}")
+    held = {mutant.id for mutant in mutants}
+    missing = [mutant_id for mutant_id in record.mutants if mutant_id not in held]
+    if incomplete is None and missing:
+        raise Invalid(
+            body.where("mutants"),
+            f"{len(missing)} mutants dealt to this shard are not in the file ({missing[0]!r}, ...)",
+        )
+    if incomplete is not None and incomplete[1] != len(record.mutants):
+        raise Mismatch([("incomplete.of", str(incomplete[1]), str(len(record.mutants)))])
+    listed = set(record.equivalents)
+    for number, equivalent in enumerate(equivalents):
+        if equivalent.id not in listed:
+            where = f"equivalents[{number}].id"
+            raise Invalid(where, f"{equivalent.id!r} is not in shard.equivalents")
+    return record
+
+
+def _check_once(ids: tuple[str, ...], where: str) -> None:
+    first: dict[str, int] = {}
+    for number, identifier in enumerate(ids):
+        if identifier in first:
+            again = f"{identifier!r} is also {where}[{first[identifier]}]"
+            raise Invalid(f"{where}[{number}]", again)
+        first[identifier] = number
 
 
 def _incomplete(document: Fields, mutants: int) -> tuple[int, int] | None:

@@ -35,7 +35,13 @@ audit.json format history:
   outside every region are in the region ``changed-outside-regions``, which the
   overall ``score`` leaves out. Absent for a run of the whole fence. Each mutant's
   ``lines``: the lines of the audited file it changes (a catalogue entry: its anchor
-  statements'); absent in older files. Every count and score is
+  statements'); absent in older files. ``shard``: one shard of a run dealt over N
+  jobs (``mutate --shard K/N``, :mod:`audit.shards`): ``index``, ``count``, ``mutants``
+  (the ids dealt to this shard), ``run`` (every mutant id of the run, in its order),
+  ``equivalents`` (the ids of the run's equivalents records, in the file's order) and
+  ``costs`` (the digest of the test durations the mutants were dealt by); the file
+  holds only this shard's mutants and their equivalents records. Absent for a whole
+  run, and in what ``fence-audit merge`` writes. Every count and score is
   recomputed from the mutants on read (:mod:`audit.results_schema`): a file whose stored
   tallies disagree is refused.
 """
@@ -126,6 +132,7 @@ def write_audit(
     since: dict[str, Any] | None = None,
     findings: tuple[Found, ...] = (),
     scope: str = "regions",
+    shard: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     tallies = tally_by_region(mutants, verdicts, (r.name for r in regions))
     reasons = {e["id"]: e["reason"] for e in equivalents or () if e["state"] == "applied"}
@@ -184,6 +191,8 @@ def write_audit(
             }
             for found in findings
         ]
+    if shard is not None:  # one shard of a run: merge puts the shards together
+        document["shard"] = shard
     write_json(path, document)
     return document
 
@@ -203,6 +212,11 @@ def format_scores(tallies: Mapping[str, Tally], overall: Tally) -> str:
 def _score_text(tally: Tally) -> str:
     shown = percent_text(tally.score)
     return shown if tally.score is None else f"{shown} of {tally.judged}"
+
+
+def score_fields(tally: Tally, killed_by_vllm: int) -> dict[str, Any]:
+    """A tally as audit.json stores it: a region's, the overall ``score``, ``since.score``."""
+    return {**_score(tally), "killed_by_vllm": killed_by_vllm}
 
 
 def _score(tally: Tally) -> dict[str, Any]:

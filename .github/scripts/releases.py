@@ -9,6 +9,8 @@ first job runs it on the runner's own Python, before any setup.
     releases.py --pull-request FILE    the configured release (pyproject.toml's
                                        vllm-version) and every release whose lock is
                                        among the changed paths listed in FILE
+    releases.py --shards N             the shards of each release's audit, [1, ..., N]
+                                       (the matrix's second axis; 1: one job a release)
 """
 
 from __future__ import annotations
@@ -74,13 +76,32 @@ def select(
     return [v for v in available if v in wanted]
 
 
+MAX_SHARDS = 16  # jobs per release: past this, the baselines cost more than they share
+
+
+def shards(text: str) -> list[int]:
+    """``1..N`` for ``N`` (empty: 1), N a whole number from 1 to MAX_SHARDS."""
+    text = text.strip() or "1"
+    if not text.isdigit() or not 1 <= int(text) <= MAX_SHARDS:
+        raise ReleaseError(f"shards must be a whole number from 1 to {MAX_SHARDS}, not {text!r}")
+    return list(range(1, int(text) + 1))
+
+
 def main(argv: list[str] | None = None, root: Path = ROOT) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="releases to audit; empty: all")
     parser.add_argument(
         "--pull-request", type=Path, metavar="FILE", help="the changed paths, one a line"
     )
+    parser.add_argument("--shards", metavar="N", help="print the shards 1..N of each release")
     args = parser.parse_args(argv)
+    if args.shards is not None:
+        try:
+            print(json.dumps(shards(args.shards)))
+        except ReleaseError as exc:
+            print(f"releases: {exc}", file=sys.stderr)
+            return 1
+        return 0
     changed = None
     if args.pull_request is not None:
         changed = [line.strip() for line in args.pull_request.read_text().splitlines()]

@@ -113,3 +113,20 @@ def test_this_repository_audits_its_configured_release(
     assert releases.configured(ROOT / "pyproject.toml") in listed
     assert listed == sorted(listed, key=releases.version_key)
     assert all((ROOT / "locks" / f"vllm-{v}.txt").is_file() for v in listed)
+
+
+@pytest.mark.parametrize(("given", "shards"), [("", [1]), ("1", [1]), (" 4 ", [1, 2, 3, 4])])
+def test_a_release_is_dealt_over_the_shards_asked_for(
+    repo: Path, capsys: pytest.CaptureFixture[str], given: str, shards: list[int]
+) -> None:
+    code, out, _ = run(repo, capsys, "--shards", given)
+    assert (code, json.loads(out)) == (0, shards)
+
+
+@pytest.mark.parametrize("given", ["0", "17", "two", "-1", "2.5"])
+def test_shards_that_are_not_1_to_16_are_refused(
+    repo: Path, capsys: pytest.CaptureFixture[str], given: str
+) -> None:
+    code, out, err = run(repo, capsys, "--shards", given)
+    assert (code, out) == (1, "")
+    assert "shards must be a whole number from 1 to 16" in err

@@ -107,6 +107,34 @@ def test_the_workflow_audits_each_release_apart_and_merges_whatever_came_of_them
     assert any("--page-only" in s.get("run", "") for s in page["steps"])
 
 
+def test_a_sharded_release_is_judged_by_its_shards_and_gated_by_one_merge() -> None:
+    workflow = load(WORKFLOW)
+    triggers = workflow[True]  # YAML 1.1 reads the key `on` as true
+    assert "shards" in triggers["workflow_dispatch"]["inputs"]
+    jobs = workflow["jobs"]
+    audit, merge, costs = jobs["audit"], jobs["merge"], jobs["costs"]
+    assert "needs.releases.outputs.shards" in audit["strategy"]["matrix"]["shard"]
+    run = next(s["run"] for s in audit["steps"] if s.get("id") == "audit")
+    assert '--shard "$SHARD/$SHARDS"' in run
+    assert "--shard-costs" in run
+    # every shard deals by the same durations, timed once per release
+    assert "needs.releases.outputs.count != '1'" in costs["if"]
+    assert any("nox -s coverage" in s.get("run", "") for s in costs["steps"])
+    assert "costs" in audit["needs"]
+    # a shard's artifact is not a release's: the releases page reads fence-audit-vllm-*
+    upload = next(s for s in audit["steps"] if "upload-artifact" in s.get("uses", ""))
+    assert "fence-audit-shard-{0}-{1}" in upload["with"]["name"]
+    download = next(s for s in merge["steps"] if "download-artifact" in s.get("uses", ""))
+    assert download["with"]["pattern"] == "fence-audit-shard-${{ matrix.version }}-*"
+    assert any("nox -s merge" in s.get("run", "") for s in merge["steps"])
+    assert "needs.releases.outputs.count != '1'" in merge["if"]
+    assert "!cancelled()" in merge["if"]
+    page = jobs["releases-page"]
+    assert "merge" in page["needs"]
+    pattern = next(s for s in page["steps"] if "download-artifact" in s.get("uses", ""))
+    assert pattern["with"]["pattern"] == "fence-audit-vllm-*"
+
+
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
 def test_the_action_s_shell_passes_shellcheck(tmp_path: Path) -> None:
     scripts = [CONFIG_SCRIPT]
