@@ -33,7 +33,12 @@ FORMAT = 1  # bump when an entry's layout or meaning changes
 # The inherited environment that can change what a test does (the Hypothesis
 # profile, vLLM's switches, pytest's own); the rest (PATH, HOME, ...) cannot here.
 ENV_PREFIXES = ("HYPOTHESIS_", "VLLM_", "PYTEST_", "FENCE_")
-ENV_IGNORED = frozenset({"FENCE_AUDIT_CACHE"})  # where the cache is, not what is tested
+ENV_IGNORED = frozenset(
+    {
+        "FENCE_AUDIT_CACHE",  # where the cache is, not what is tested
+        "PYTEST_CURRENT_TEST",  # set by a pytest that runs fence-audit: not the suite's
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,15 +66,11 @@ def baseline_inputs(
         "audited source": f"{target_path} sha256 {target_sha256}",
         "selection": json.dumps(suite.paths),
         "vLLM tests": suite.source.origin,
-        "environment": json.dumps(
-            sorted(
-                (k, v)
-                for k, v in environ.items()
-                if k.startswith(ENV_PREFIXES) and k not in ENV_IGNORED
-            )
-        ),
         "findings": _file_hash(findings_file) if findings_file is not None else "none",
     }
+    for name, value in environ.items():  # each by name, so that a rerun can say which
+        if name.startswith(ENV_PREFIXES) and name not in ENV_IGNORED:
+            inputs[f"environment {name}"] = value
     for path in _suite_files(suite):
         inputs[f"file {path.relative_to(suite.root)}"] = _file_hash(path)
     return inputs

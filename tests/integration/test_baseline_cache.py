@@ -88,8 +88,9 @@ def test_each_input_changes_the_key_and_a_rerun_says_which(toy: Toy) -> None:  #
 
     profile = inputs_of(toy, {"HYPOTHESIS_PROFILE": "long", "HOME": "/elsewhere"})
     assert cache.load(profile) is None
-    assert cache.changed_since_last(profile) == ["environment changed"]
-    assert inputs_of(toy, {"HOME": "/elsewhere", "FENCE_AUDIT_CACHE": "/x"}) == first
+    assert cache.changed_since_last(profile) == ["environment HYPOTHESIS_PROFILE is new"]
+    ignored = {"HOME": "/elsewhere", "FENCE_AUDIT_CACHE": "/x", "PYTEST_CURRENT_TEST": "t"}
+    assert inputs_of(toy, ignored) == first
 
     test_file = toy.root / "tests" / "test_fence.py"
     test_file.write_text(test_file.read_text() + "\n# an edit\n")
