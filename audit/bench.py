@@ -89,6 +89,9 @@ def run_bench(
     suite, for the end-to-end timings (none: they are skipped)."""
     prepared = stage.prepared
     work = prepared.config.reports_dir / ".work" / "bench"
+    # The judging logs, listed as fence-audit's before they are written (a later run
+    # refuses a reports folder holding files it did not write).
+    claim(prepared.config.reports_dir, "logs/mutants.log", "logs/mutmut.log")
     # A private cache: the benchmark judges every mutant and leaves the real cache alone.
     config = dataclasses.replace(prepared.config, cache_dir=work / "cache")
     shutil.rmtree(config.cache_dir / "mutations", ignore_errors=True)  # generation cold
