@@ -16,6 +16,7 @@ selection, so that a miss can say which inputs changed.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -190,15 +191,11 @@ def _file_hash(path: Path) -> str:
         return "missing"
 
 
-_PACKAGE_HASH: list[str] = []
-
-
+@functools.cache
 def _package_hash() -> str:
     """fence-audit's own code (its test process's too): any change re-runs the baseline."""
-    if not _PACKAGE_HASH:
-        root = Path(__file__).parent
-        digest = hashlib.sha256()
-        for path in sorted(_python_files(root)):
-            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
-        _PACKAGE_HASH.append(digest.hexdigest())
-    return _PACKAGE_HASH[0]
+    root = Path(__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(_python_files(root)):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()

@@ -450,22 +450,18 @@ def mutmut_mutants(
 ) -> MutantSet:
     if prepared.changed is not None:
         return _changed_mutants(prepared, regions, source, lines_to_tests)
+    functions, place = None, None  # the regions' functions, each mutant in its region
     if prepared.scope == scopes.FILE:  # every function; what no region holds goes apart
         fence = tuple(r for r in prepared.regions if r.name != scopes.OUTSIDE_REGIONS)
-        return build_mutants(
-            source,
-            str(prepared.target.path),
-            regions,
-            lines_to_tests,
-            functions=scopes.all_functions(source),
-            place=scopes.placer(fence, (r.name for r in regions)),
-            cache_dir=mutations_cache(prepared.config),
-        )
+        functions = scopes.all_functions(source)
+        place = scopes.placer(fence, (r.name for r in regions))
     return build_mutants(
         source,
         str(prepared.target.path),
         regions,
         lines_to_tests,
+        functions=functions,
+        place=place,
         cache_dir=mutations_cache(prepared.config),
     )
 
