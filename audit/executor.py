@@ -66,9 +66,10 @@ def judge(
         function = f"{mutant.module}:{mutant.function}" if mutant.module else mutant.function
         key = cache.key(mutant, function_hashes[function])
         cached = cache.lookup(mutant.id, key) if options.use_cache else None
-        # A timeout says how long the tests took on a machine as loaded as it was then:
-        # it is reported, and judged again by the next run, never reused.
-        if cached is not None and cached.status is not MutantStatus.TIMEOUT:
+        # A timeout is a verdict like the others: a test is judged hung on the CPU
+        # time it used, or on using none while it waited (audit.testproc.judge), not
+        # on how long a loaded machine took to run it.
+        if cached is not None:
             verdicts[mutant.id] = cached
             continue
         cache.forget(key)

@@ -25,8 +25,10 @@ from audit.regions import find_function, first_line
 @dataclass(frozen=True, slots=True)
 class ExecutorOptions:
     jobs: int = os.cpu_count() or 1
-    timeout_factor: float = 10.0  # a test's budget: this times its baseline duration,
-    timeout_min_s: float = 10.0  # and never less than this
+    # A test's budget of CPU seconds: this times its baseline duration, and never
+    # less than the minimum; blocked (no CPU) for a fifth of it, it is hung too.
+    timeout_factor: float = 10.0
+    timeout_min_s: float = 10.0
     max_hangs: int = 3  # hung tests after which a mutant is judged TIMEOUT at once
     use_cache: bool = True
 

@@ -12,7 +12,9 @@ import os
 import signal
 import time
 import types
+from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -66,7 +68,7 @@ def judge_in_fork(spec: MutationSpec, source: str, items: dict[str, pytest.Item]
 
 
 def run_tests(items: dict[str, pytest.Item], job: Job, max_hangs: int) -> Verdict:
-    """Run the job's tests until one fails; a test over its time budget counts as hung.
+    """Run the job's tests until one fails; a test over its budget counts as hung.
 
     Killed if a test fails; timeout if none fails but one hung (or ``max_hangs``
     hung: then the judging stops there); survived otherwise.
@@ -77,8 +79,8 @@ def run_tests(items: dict[str, pytest.Item], job: Job, max_hangs: int) -> Verdic
         run.append(test_id)
         with time_budget(job.budgets[test_id]) as alarm:
             reports = runtestprotocol(items[test_id], nextitem=None, log=False)
-        if alarm.fired:
-            hung.append(test_id)
+        if alarm.reason:
+            hung.append(f"{test_id} {alarm.reason}")
             if len(hung) >= max_hangs:
                 break
             continue
@@ -87,8 +89,8 @@ def run_tests(items: dict[str, pytest.Item], job: Job, max_hangs: int) -> Verdic
             tail = "\n".join(failed.longreprtext.splitlines()[-FAILURE_LINES:])
             return Verdict(MutantStatus.KILLED, test_id, tail, tuple(run))
     if hung:
-        budget = ", ".join(f"{t} > {job.budgets[t]:.1f}s" for t in hung)
-        return Verdict(MutantStatus.TIMEOUT, failure=f"hung: {budget}", tests_run=tuple(run))
+        failure = f"hung: {', '.join(hung)}"
+        return Verdict(MutantStatus.TIMEOUT, failure=failure, tests_run=tuple(run))
     return Verdict(MutantStatus.SURVIVED, tests_run=tuple(run))
 
 
@@ -99,20 +101,58 @@ class TestHung(BaseException):
     __test__ = False
 
 
+TICK_S = 0.25  # how often the watchdog looks at the test
+BLOCKED_SHARE = 0.05  # less CPU than this share of the wall time: the test is waiting
+BLOCKED_FRACTION = 0.2  # waiting for this fraction of its budget: the test is blocked
+
+
+@dataclass
 class _Alarm:
-    fired = False
+    """Why the test was stopped ("" while it runs): the watchdog's state."""
+
+    budget: float
+    reason: str = ""
+    samples: deque[tuple[float, float]] = field(default_factory=deque)  # (wall, CPU)
+
+    def check(self, wall: float, cpu: float) -> str:
+        """The reason to stop the test at this tick, or ""; ``wall`` and ``cpu`` are
+        seconds since the test started.
+
+        Two kinds of hang, both judged on what the test did, not on the machine's
+        load. A test spinning (an endless loop) runs out of CPU budget: CPU time is
+        not stretched by other processes as wall time is. A test blocked (a lock
+        never released, a wait nobody ends) uses no CPU: it is stopped once it has
+        used almost none for a fifth of its budget of wall time, instead of waiting
+        out the whole budget. A test merely starved by a loaded machine does neither.
+        """
+        if cpu > self.budget:
+            return f"> {self.budget:.1f}s of CPU"
+        window = BLOCKED_FRACTION * self.budget
+        self.samples.append((wall, cpu))
+        while len(self.samples) > 1 and wall - self.samples[1][0] >= window:
+            self.samples.popleft()
+        then, cpu_then = self.samples[0]
+        if wall - then >= window and cpu - cpu_then < BLOCKED_SHARE * (wall - then):
+            return f"blocked {wall - then:.1f}s (no CPU; budget {self.budget:.1f}s)"
+        return ""
 
 
 @contextlib.contextmanager
 def time_budget(seconds: float) -> Iterator[_Alarm]:
-    alarm = _Alarm()
+    """Watch the test in the block: stop it (:class:`TestHung`) when it hangs."""
+    alarm = _Alarm(seconds)
+    wall0, cpu0 = time.monotonic(), time.process_time()
+    alarm.samples.append((0.0, 0.0))
 
-    def expire(signum: int, frame: types.FrameType | None) -> None:
-        alarm.fired = True
-        raise TestHung(f"fence-audit: test exceeded its {seconds:.1f}s budget")
+    def tick(signum: int, frame: types.FrameType | None) -> None:
+        if alarm.reason:
+            return  # already stopping: let the test unwind
+        alarm.reason = alarm.check(time.monotonic() - wall0, time.process_time() - cpu0)
+        if alarm.reason:
+            raise TestHung(f"fence-audit: test hung ({alarm.reason})")
 
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    previous = signal.signal(signal.SIGALRM, tick)
+    signal.setitimer(signal.ITIMER_REAL, TICK_S, TICK_S)
     try:
         yield alarm
     finally:

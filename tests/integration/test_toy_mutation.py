@@ -28,6 +28,7 @@ REGIONS = (
     RegionSpec("removal", "", (Selection("Fence.remove", (StatementSelector("del self"),)),)),
     RegionSpec("flush", "", (Selection("Fence.flush"),)),
     RegionSpec("drain", "", (Selection("Fence.drain"),)),
+    RegionSpec("handoff", "", (Selection("Fence.handoff"),)),
 )
 FAST = ExecutorOptions(jobs=2, timeout_min_s=1.0, timeout_factor=10.0)
 
@@ -122,15 +123,27 @@ def test_the_audited_file_is_never_written(toy: Toy) -> None:
     assert toy.path.read_bytes() == before
 
 
-def test_second_run_takes_every_verdict_from_the_cache_but_timeouts(toy: Toy) -> None:
+def test_second_run_takes_every_verdict_from_the_cache(toy: Toy) -> None:
     _, first = toy.judge()
     _, second = toy.judge()
     judged = [v for v in second.values() if v.status is not MutantStatus.NO_TESTS]
-    timeouts = [v for v in judged if v.status is MutantStatus.TIMEOUT]
-    assert timeouts  # the toy's endless loop
-    assert all(v.cached for v in judged if v not in timeouts)
-    assert not any(v.cached for v in timeouts)  # a machine's load is not a verdict's input
+    assert any(v.status is MutantStatus.TIMEOUT for v in judged)  # the toy's endless loop
+    # a timeout too: it was judged on the CPU the test used, not on the machine's load
+    assert all(v.cached for v in judged)
     assert {k: v.status for k, v in first.items()} == {k: v.status for k, v in second.items()}
+
+
+def test_a_blocked_test_is_stopped_long_before_its_budget(toy: Toy) -> None:
+    """`turn >= 0` -> `turn > 0`: the first turn keeps the lock, the next one waits
+    for ever without using the CPU. It is judged hung after a fifth of its budget."""
+    options = dataclasses.replace(FAST, timeout_min_s=20.0, max_hangs=1)
+    mutant_set, verdicts = toy.judge("tests/test_handoff.py", options=options)
+    (blocked,) = (m for m in mutant_set.mutants if "+            if turn > 0:" in m.diff)
+    verdict = verdicts[blocked.id]
+    assert verdict.status is MutantStatus.TIMEOUT
+    assert "blocked" in verdict.failure
+    assert "no CPU" in verdict.failure
+    assert verdict.duration_s < 10.0  # the window is 4 s of the 20 s budget
 
 
 def test_a_changed_test_file_rejudges_the_mutants_it_covers(toy: Toy) -> None:

@@ -1,5 +1,7 @@
 """A toy fence: a well-tested function, a badly tested one, and an untested one."""
 
+import threading
+
 
 class Fence:
     def __init__(self) -> None:
@@ -26,3 +28,14 @@ class Fence:
         while steps < limit:
             steps += 1
         return steps
+
+    def handoff(self, turns: int) -> int:
+        """Pass a lock from turn to turn; a turn that keeps it blocks the next for ever."""
+        baton = threading.Lock()
+        passed = 0
+        for turn in range(turns):
+            baton.acquire()
+            if turn >= 0:
+                baton.release()
+            passed += 1
+        return passed
