@@ -154,6 +154,13 @@ def build_parser() -> argparse.ArgumentParser:
         "lines changed since this git ref (a branch, tag or commit of the checkout)",
     )
     mutate.add_argument(
+        "--random-alone",
+        action="store_true",
+        help="also judge every fence mutant by the suite's random workloads alone "
+        "([tool.fence-audit.suite] random-workloads): the reports' \"random workloads "
+        'alone" column',
+    )
+    mutate.add_argument(
         "--shard",
         type=shard,
         metavar="K/N",

@@ -166,7 +166,7 @@ def mutate(
     config = stage.prepared.config
     options = ExecutorOptions(jobs=args.jobs, use_cache=not args.no_cache)
     stage_result = pipeline.mutate(
-        stage, options, tuple(args.region), args.engine, args.shard, costs
+        stage, options, tuple(args.region), args.engine, args.shard, costs, args.random_alone
     )
     report_mutation(stage_result)
     reported = pipeline.report(config, config.reports_dir / "audit.json", previous)
@@ -212,6 +212,8 @@ def check_inputs(
     if getattr(args, "since", None) is not None:
         check_since(config, args)
         configured.append(changes.OUTSIDE)  # a gate threshold may name the group
+    if getattr(args, "random_alone", False):
+        check_random_alone(config, args)
     if getattr(args, "scope", scopes.REGIONS) == scopes.FILE:
         check_file_scope(config, args)
         configured.append(scopes.OUTSIDE_REGIONS)
@@ -235,6 +237,25 @@ def check_inputs(
     check_cache_dir(config.cache_dir, config.cache_dir_from)
     hermetic.check_offline_models(config.offline_models)
     return entries
+
+
+def check_random_alone(config: Config, args: argparse.Namespace) -> None:
+    """``--random-alone``: a second judgement of every fence mutant by the workloads."""
+    if not config.random_workloads:
+        raise ConfigError(
+            "--random-alone needs the suite's random workloads, and none are configured",
+            details={
+                "config": config.source,
+                "next": "list them in [tool.fence-audit.suite] random-workloads "
+                "(test ids or files, as 'project:PATH::TEST'), or drop --random-alone",
+            },
+        )
+    for option, given in (("--shard", args.shard), ("--engine mutmut", args.engine == "mutmut")):
+        if given:
+            raise ConfigError(
+                f"--random-alone and {option} do not go together",
+                details={"next": f"measure the random workloads in a run without {option}"},
+            )
 
 
 def check_file_scope(config: Config, args: argparse.Namespace) -> None:

@@ -111,6 +111,9 @@ class Config:
     equivalents_file: Path | None = None  # reviewed equivalent mutants, with reasons
     findings_file: Path | None = None  # real vLLM bugs: the tests they fail, the releases
     plugins: tuple[SuitePath, ...] = ()  # pytest plugin files loaded into every test run
+    # the suite's random workloads, by test id or file: what `mutate --random-alone`
+    # judges every fence mutant with alone (audit.alone)
+    random_workloads: tuple[SuitePath, ...] = ()
     cache_dir_from: str = "the default"  # who chose cache_dir, for error messages
 
     def region(self, name: str) -> RegionSpec:
@@ -136,7 +139,7 @@ _TOP_KEYS = {
     "equivalents",
     "findings",
 }
-_SUITE_KEYS = {"paths", "offline-models", "plugins"}
+_SUITE_KEYS = {"paths", "offline-models", "plugins", "random-workloads"}
 _GATE_KEYS = {"fail-under", "regions", "min-line-coverage"}
 
 
@@ -240,6 +243,9 @@ def parse_config(table: dict[str, Any], *, source: str, project_dir: Path) -> Co
         offline_models=_strings(suite_table, "offline-models", source),
         plugins=tuple(
             parse_suite_path(p, source) for p in _strings(suite_table, "plugins", source)
+        ),
+        random_workloads=tuple(
+            parse_suite_path(p, source) for p in _strings(suite_table, "random-workloads", source)
         ),
         regions=parse_regions(table.get("regions", {}), source),
         gate=parse_gate(table.get("gate", {}), source),

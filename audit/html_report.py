@@ -21,6 +21,7 @@ from audit.report_model import (
     FunctionTally,
     MutantRecord,
     RegionResult,
+    SecondJudgement,
     SourceFunction,
     SourceLine,
 )
@@ -96,7 +97,8 @@ def render_index(results: AuditResults) -> str:
         _status_picture(results.regions),
         "</section>",
         '<section id="regions"><h2>Regions</h2>',
-        _region_table(results.regions),
+        _region_table(results.regions, bool(results.random_workloads)),
+        *_random_alone(results),
         "</section>",
         f'<section id="survivors"><h2>Survivors ({len(survivors)})</h2>',
         _mutant_table(survivors, empty="No mutant survived."),
@@ -307,7 +309,35 @@ def _absent_note(region: RegionResult) -> str:
     return f" <em>({count} part{'s' if count != 1 else ''} absent in this release)</em>"
 
 
-def _region_table(regions: Iterable[RegionResult]) -> str:
+def _random_alone(results: AuditResults) -> list[str]:
+    """``mutate --random-alone``: what the random workloads kill with no targeted test."""
+    if not results.random_workloads:
+        return []
+    entries = [m for m in results.mutants if m.random is not None and m.origin == "catalogue"]
+    missed = [m for m in entries if not m.killed_by_random]
+    workloads = ", ".join(f"<code>{escape(w)}</code>" for w in results.random_workloads)
+    text = (
+        f'<p id="random-alone">Random workloads alone ({workloads}): every fence mutant '
+        f"judged again with only them, no targeted test. They kill "
+        f"{results.killed_by_random} of {results.overall.judged} judged mutants "
+        f"({percent_text(results.random_score)}) and {len(entries) - len(missed)} of "
+        f"{len(entries)} catalogue entries.</p>"
+    )
+    if missed:
+        text += (
+            "<p>Catalogue entries they do not kill: "
+            + ", ".join(
+                f'<a href="{escape(region_file(m.region))}#{escape(m.anchor)}">'
+                f"<code>{escape(m.operator)}</code></a>"
+                for m in missed
+            )
+            + ".</p>"
+        )
+    return [text]
+
+
+def _region_table(regions: Iterable[RegionResult], random: bool = False) -> str:
+    """``random``: the run measured the random workloads alone (their column)."""
     rows = []
     for region in regions:
         t = region.tally
@@ -316,7 +346,13 @@ def _region_table(regions: Iterable[RegionResult]) -> str:
             f'<td><a href="{escape(region_file(region.name))}">{escape(region.name)}</a></td>'
             f'<td class="num"><strong>{percent_text(t.score)}</strong></td>'
             f'<td class="num">{percent_text(region.vllm_score)}</td>'
-            f'<td class="num">{t.killed}</td><td class="num">{t.survived}</td>'
+            + (
+                f'<td class="num">{percent_text(region.random_score)} '
+                f"({region.killed_by_random})</td>"
+                if random and region.killed_by_random is not None
+                else ("<td class=num>n/a</td>" if random else "")
+            )
+            + f'<td class="num">{t.killed}</td><td class="num">{t.survived}</td>'
             f'<td class="num">{t.timeout}</td><td class="num">{t.judged}</td>'
             f'<td class="num">{t.no_tests}</td><td class="num">{t.error}</td>'
             f'<td class="num">{fraction_text(region.lines)}</td>'
@@ -326,7 +362,13 @@ def _region_table(regions: Iterable[RegionResult]) -> str:
     return (
         "<table><thead><tr><th>region</th><th class=num>score</th>"
         '<th class=num title="killed by a test of vLLM\'s own suite">vLLM alone</th>'
-        "<th class=num>killed</th>"
+        + (
+            '<th class=num title="killed when judged again by the random workloads alone">'
+            "random workloads alone</th>"
+            if random
+            else ""
+        )
+        + "<th class=num>killed</th>"
         "<th class=num>survived</th><th class=num>timeout</th><th class=num>judged</th>"
         "<th class=num>no tests</th><th class=num>errors</th><th class=num>lines</th>"
         "<th class=num>branches</th><th>what it is</th></tr></thead><tbody>"
@@ -532,6 +574,8 @@ def _mutant_details(mutant: MutantRecord, line_tests: tuple[str, ...]) -> str:
         facts.append(("equivalent, because", escape(mutant.equivalence)))
     if mutant.killed_by:
         facts.append(("killed by", f"<code>{escape(mutant.killed_by)}</code>"))
+    if mutant.random is not None:
+        facts.append(("random workloads alone", _second(mutant.random)))
     if mutant.failure:
         facts.append(("failure (first lines)", f"<pre>{escape(mutant.failure)}</pre>"))
     facts.append(
@@ -549,6 +593,14 @@ def _mutant_details(mutant: MutantRecord, line_tests: tuple[str, ...]) -> str:
         f"<summary>{_status(mutant.status)} <code>{escape(mutant.label)}</code> "
         f"{escape(mutant.id)}</summary><dl>{body}</dl></details>"
     )
+
+
+def _second(judgement: SecondJudgement) -> str:
+    """A second judgement: its status, and the failure that killed the mutant."""
+    text = _status(judgement.status) + f" ({judgement.duration_s:.2f} s)"
+    if judgement.failure:
+        text += f"<pre>{escape(judgement.failure)}</pre>"
+    return text
 
 
 def _test_list(tests: Iterable[str]) -> str:

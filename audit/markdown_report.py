@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 
+from audit import alone
 from audit.model import percent_text
 from audit.report_model import AuditResults, ChangeRecord, MutantRecord
 from audit.results import Tally
@@ -58,8 +59,8 @@ def render_summary(results: AuditResults, previous: AuditResults | None = None) 
             "threshold names it.",
             "",
         ]
-    if results.scope == FILE:
-        lines += _by_function(results)
+    lines += _by_function(results) if results.scope == FILE else []
+    lines += _random_alone(results) if results.random_workloads else []
     absent = [(r.name, part) for r in results.regions for part in r.absent]
     if absent:
         lines += [f"Absent in vLLM {_cell(results.vllm_version)} (not yet in this release):", ""]
@@ -249,21 +250,28 @@ def _finding_tests(count: int, left_out: int) -> str:
 
 
 def _score_table(results: AuditResults, previous: AuditResults | None) -> str:
+    measured = bool(results.random_workloads)  # --random-alone: its column
     header = (
-        "| region | score | vLLM alone | killed | survived | timeout | no tests | errors "
-        "| lines | branches |"
+        "| region | score | vLLM alone | "
+        + ("random workloads alone | " if measured else "")
+        + "killed | survived | timeout | no tests | errors | lines | branches |"
     )
-    rule = "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+    rule = "|---|--:|--:|" + ("--:|" if measured else "") + "--:|--:|--:|--:|--:|--:|--:|"
     if previous is not None:
         header += " change |"
         rule += "--:|"
     rows = [header, rule]
     old = {r.name: r.tally for r in previous.regions} if previous else {}
-    entries = [(r.name, r.tally, r.lines, r.branches, r.vllm_score) for r in results.regions]
-    for name, tally, lines, branches, alone in entries:
+    for region in results.regions:
+        name, tally, lines, branches = region.name, region.tally, region.lines, region.branches
         row = (
-            f"| {_cell(name)} | {percent_text(tally.score)} | {percent_text(alone)} "
-            f"| {tally.killed} "
+            f"| {_cell(name)} | {percent_text(tally.score)} | {percent_text(region.vllm_score)} "
+            + (
+                f"| {_random_cell(region.random_score, region.killed_by_random)} "
+                if measured
+                else ""
+            )
+            + f"| {tally.killed} "
             f"| {tally.survived} | {tally.timeout} "
             f"| {tally.no_tests} | {tally.error} | {lines.covered}/{lines.total} "
             f"| {branches.covered}/{branches.total} |"
@@ -274,13 +282,43 @@ def _score_table(results: AuditResults, previous: AuditResults | None) -> str:
     overall = results.overall
     row = (
         f"| **all** | **{percent_text(overall.score)}** | {percent_text(results.vllm_score)} "
-        f"| {overall.killed} | {overall.survived} "
+        + (f"| {_random_cell(results.random_score, results.killed_by_random)} " * measured)
+        + f"| {overall.killed} | {overall.survived} "
         f"| {overall.timeout} | {overall.no_tests} | {overall.error} | | |"
     )
     if previous is not None:
         row += f" {_delta(previous.overall, overall)} |"
     rows.append(row)
     return "\n".join(rows)
+
+
+def _random_cell(score: float | None, killed: int | None) -> str:
+    return f"{percent_text(score)} ({killed})" if killed is not None else "n/a"
+
+
+def _random_alone(results: AuditResults) -> list[str]:
+    """``--random-alone``: what the random workloads kill with no targeted test."""
+    fence = [m for m in results.mutants if m.random is not None]
+    entries = [m for m in fence if m.origin == "catalogue"]
+    missed = [m for m in entries if not m.killed_by_random]
+    own = [m for m in fence if m.origin == "mutmut" and m.status in alone.SCORED]
+    lines = [
+        f"### Random workloads alone ({', '.join(f'`{w}`' for w in results.random_workloads)})",
+        "",
+        f"Each fence mutant judged again with only the random workloads: they kill "
+        f"{sum(m.killed_by_random for m in own)} of {len(own)} judged mutmut mutants and "
+        f"{len(entries) - len(missed)} of {len(entries)} catalogue entries without any "
+        "targeted test.",
+        "",
+    ]
+    if missed:
+        lines += ["Catalogue entries they do not kill:", ""]
+        lines += [
+            f"- `{m.id}` {_cell(m.title)}: {m.random.status.value if m.random else ''}"
+            for m in missed
+        ]
+        lines.append("")
+    return lines
 
 
 def _delta(old: Tally | None, new: Tally) -> str:

@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from audit import (
+    alone,
     catalogue,
     changes,
     coverage_map,
@@ -246,12 +247,14 @@ def mutate(
     engine: str = "fork",
     shard: Shard | None = None,
     costs: Mapping[str, float] | None = None,
+    random_alone: bool = False,
 ) -> MutationStage:
     """Judge the mutants of every region (or of the regions named in ``only``); with
     ``shard``, only those dealt to it (:mod:`audit.shards`), by the test durations
-    ``costs`` (default: the baseline's)."""
+    ``costs`` (default: the baseline's); with ``random_alone``, each fence mutant a
+    second time by the random workloads alone (:mod:`audit.alone`)."""
     try:
-        return _mutate(stage, options, only, engine, shard, costs)
+        return _mutate(stage, options, only, engine, shard, costs, random_alone)
     finally:
         stage.close()
 
@@ -263,6 +266,7 @@ def _mutate(
     engine: str,
     shard: Shard | None,
     costs: Mapping[str, float] | None,
+    random_alone: bool = False,
 ) -> MutationStage:
     prepared = stage.prepared
     config = prepared.config
@@ -286,29 +290,9 @@ def _mutate(
     outputs.claim(config.reports_dir, log, "audit.json")  # listed before they are written
     started = time.monotonic()
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
-    incomplete: tuple[int, int] | None = None
-    if engine == "mutmut":
-        verdicts = _judge_with_mutmut(stage, mutants, options)
-    else:
-        try:
-            verdicts = executor.judge(
-                config,
-                stage.suite,
-                prepared.target,
-                mutants,
-                hashes,
-                stage.coverage_map.durations,
-                prepared.vllm.version,
-                options,
-                stage.warm,
-            )
-        except executor.Interrupted as interrupted:
-            # The results so far are written, marked incomplete (only the mutants
-            # judged, every tally recomputed from them); the cache resumes the rest.
-            verdicts = interrupted.verdicts
-            judged = tuple(m for m in mutants if m.id in verdicts)
-            incomplete = (len(judged), len(mutants))
-            mutants = judged
+    verdicts, random, incomplete, mutants = _judge(
+        stage, mutants, hashes, options, engine, random_alone
+    )
     duration = time.monotonic() - started
     # Every mutant of the run, judged or not (an interrupted run's); and the regions it
     # left out (--region): records there say nothing about this run.
@@ -347,6 +331,8 @@ def _mutate(
         findings=stage.run.findings,
         scope=prepared.scope,
         shard=marker,
+        random=random,
+        random_workloads=tuple(map(str, config.random_workloads)) if random else (),
     )
     if incomplete is not None:
         report(config, config.reports_dir / "audit.json")
@@ -363,6 +349,56 @@ def _mutate(
     return MutationStage(
         stage, mutant_set, entries, mutants, verdicts, tallies, overall, duration, after, plan
     )
+
+
+def _judge(
+    stage: CoverageStage,
+    mutants: tuple[Mutant, ...],
+    hashes: Mapping[str, str],
+    options: ExecutorOptions,
+    engine: str,
+    random_alone: bool,
+) -> tuple[
+    dict[str, MutantResult],
+    dict[str, MutantResult] | None,
+    tuple[int, int] | None,
+    tuple[Mutant, ...],
+]:
+    """The verdicts, the random workloads' second judgements (None unless asked for
+    and whole), (judged, of) for an interrupted run, and the mutants judged."""
+    prepared = stage.prepared
+    config = prepared.config
+    if engine == "mutmut":
+        return _judge_with_mutmut(stage, mutants, options), None, None, mutants
+    incomplete: tuple[int, int] | None = None
+    random: dict[str, MutantResult] | None = None
+    # --random-alone: the second judgements are more jobs of the same executor.
+    workloads = alone.Workloads(config.random_workloads)
+    seconds = alone.second_judgements(mutants, workloads) if random_alone else ()
+    try:
+        verdicts = executor.judge(
+            config,
+            stage.suite,
+            prepared.target,
+            (*mutants, *seconds),
+            hashes,
+            stage.coverage_map.durations,
+            prepared.vllm.version,
+            options,
+            stage.warm,
+        )
+    except executor.Interrupted as interrupted:
+        # The results so far are written, marked incomplete (only the mutants
+        # judged, every tally recomputed from them); the cache resumes the rest.
+        verdicts = interrupted.verdicts
+        own = {k for k in verdicts if not k.endswith(alone.SUFFIX)}
+        judged = tuple(m for m in mutants if m.id in own)
+        incomplete = (len(judged), len(mutants))
+        mutants = judged
+    verdicts, second = alone.split(verdicts)
+    if random_alone and incomplete is None:  # an interrupted run's would be partial
+        random = second
+    return verdicts, random, incomplete, mutants
 
 
 def _deal(

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 
+from audit import alone
 from audit.changes import OUTSIDE
 from audit.model import Fraction
 from audit.protocol import MutantStatus
@@ -48,6 +49,16 @@ STATUS_ORDER = (
 
 
 @dataclass(frozen=True, slots=True)
+class SecondJudgement:
+    """A mutant judged again by a part of the suite alone (:mod:`audit.alone`)."""
+
+    status: MutantStatus
+    killed_by: str = ""
+    failure: str = ""
+    duration_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class MutantRecord:
     id: str
     region: str
@@ -74,6 +85,12 @@ class MutantRecord:
     symptom: str = ""
     history: str = ""
     lines: tuple[int, ...] = ()  # the lines of the audited file it changes
+    random: SecondJudgement | None = None  # by the random workloads alone (--random-alone)
+
+    @property
+    def killed_by_random(self) -> bool:
+        """Counted in the score, and killed by the random workloads alone."""
+        return alone.killed(self.status, self.random.status if self.random else None)
 
     @property
     def anchor(self) -> str:
@@ -96,11 +113,19 @@ class RegionResult:
     missed_lines: tuple[int, ...]
     killed_by_vllm: int = 0  # killed by a test of vLLM's own suite
     absent: tuple[str, ...] = ()  # parts this release does not have yet
+    killed_by_random: int | None = None  # by the random workloads alone; None: not measured
 
     @property
     def vllm_score(self) -> float | None:
         """The score vLLM's suite alone earns (its tests run first for every mutant)."""
         return Fraction(self.killed_by_vllm, self.tally.judged).percent
+
+    @property
+    def random_score(self) -> float | None:
+        """The score the random workloads alone earn (None: not measured)."""
+        if self.killed_by_random is None:
+            return None
+        return Fraction(self.killed_by_random, self.tally.judged).percent
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,11 +301,25 @@ class AuditResults:
     findings: tuple[FindingRecord, ...] = ()  # real vLLM bugs of this release
     scope: str = "regions"  # "file": every mutant of the module (audit.scope)
     shard: ShardRecord | None = None  # one shard of a run (mutate --shard K/N)
+    random_workloads: tuple[str, ...] = ()  # measured alone (--random-alone); () if not
 
     @property
     def vllm_score(self) -> float | None:
         """The overall score vLLM's suite alone earns (see RegionResult.vllm_score)."""
         return Fraction(self.overall_killed_by_vllm, self.overall.judged).percent
+
+    @property
+    def killed_by_random(self) -> int | None:
+        """The fence mutants the random workloads alone killed (None: not measured)."""
+        if not self.random_workloads:
+            return None
+        return sum(m.killed_by_random for m in self.mutants if m.region not in APART)
+
+    @property
+    def random_score(self) -> float | None:
+        """The overall score of the random workloads alone (None: not measured)."""
+        killed = self.killed_by_random
+        return None if killed is None else Fraction(killed, self.overall.judged).percent
 
     @property
     def interrupted(self) -> str:
@@ -342,7 +381,11 @@ def _results(path: Path, document: Fields) -> AuditResults:
     scope = choice(document.raw("scope", REGIONS), "scope", SCOPES)
     if OUTSIDE_REGIONS in names and scope != FILE:
         raise Invalid(f"regions.{OUTSIDE_REGIONS}", "only a run of --scope file has this group")
-    regions = tuple(_region(name, body, tallies[f"regions.{name}"]) for name, body in bodies)
+    random_workloads = document.texts("random_workloads", optional=True)
+    regions = tuple(
+        _region(name, body, tallies[f"regions.{name}"], by_random(mutants, name, random_workloads))
+        for name, body in bodies
+    )
     tool, target = document.object("tool"), document.object("target")
     suite = document.object("suite", optional=True)
     out_of_region = document.objects("out_of_region", optional=True)
@@ -374,6 +417,7 @@ def _results(path: Path, document: Fields) -> AuditResults:
         findings=tuple(_finding(f) for f in document.objects("findings", optional=True)),
         scope=scope,
         shard=_shard(document, mutants, equivalents, incomplete),
+        random_workloads=random_workloads,
     )
     for part in (overall, tool, target, suite, document):
         part.close()
@@ -387,7 +431,27 @@ def tally_of(mutants: Sequence[MutantRecord]) -> tuple[Tally, int]:
     return Tally.of(m.status for m in mutants), by_vllm
 
 
-def _region(name: str, body: Fields, recomputed: tuple[Tally, int]) -> RegionResult:
+def by_random(
+    mutants: Sequence[MutantRecord], region: str, workloads: tuple[str, ...]
+) -> int | None:
+    """How many of ``region``'s mutants the random workloads alone killed; None when
+    the run did not measure them. A mutant without a judgement of theirs there is
+    refused: the file would claim a measure it does not hold."""
+    if not workloads or region in APART:  # the groups outside the fence: not judged
+        return None
+    mine = [m for m in mutants if m.region == region]
+    missing = next((m for m in mine if m.random is None), None)
+    if missing is not None:
+        raise Invalid(
+            f"mutants[{mutants.index(missing)}].random",
+            "missing: the run judged every fence mutant by the random workloads alone",
+        )
+    return sum(m.killed_by_random for m in mine)
+
+
+def _region(
+    name: str, body: Fields, recomputed: tuple[Tally, int], killed_by_random: int | None = None
+) -> RegionResult:
     region = RegionResult(
         name=name,
         description=body.text("description", ""),
@@ -398,6 +462,7 @@ def _region(name: str, body: Fields, recomputed: tuple[Tally, int]) -> RegionRes
         missed_lines=tuple(count(n, w) for w, n in _items(body, "missed_lines")),
         killed_by_vllm=recomputed[1],
         absent=body.texts("absent", optional=True),
+        killed_by_random=killed_by_random,
     )
     body.count("tests", 0)  # how many baseline tests touch the region (not shown)
     body.close()
@@ -441,10 +506,22 @@ def _mutant(body: Fields, regions: tuple[str, ...]) -> MutantRecord:
         diff=body.text("diff", ""),
         cached=body.flag("cached", False),
         lines=tuple(count(n, w, minimum=1) for w, n in _items(body, "lines")),
+        random=_second(body.object("random")) if body.has("random") else None,
         **{key: body.text(key, "") for key in _MUTANT_TEXTS},
     )
     body.close()
     return mutant
+
+
+def _second(body: Fields) -> SecondJudgement:
+    judgement = SecondJudgement(
+        status=member(body.raw("status"), body.where("status"), MutantStatus),
+        killed_by=body.text("killed_by", "", null=True),
+        failure=body.text("failure", "", null=True),
+        duration_s=body.number("duration_s", 0.0),
+    )
+    body.close()
+    return judgement
 
 
 # Optional text fields of a mutant (see MutantRecord).

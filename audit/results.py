@@ -41,7 +41,11 @@ audit.json format history:
   ``equivalents`` (the ids of the run's equivalents records, in the file's order) and
   ``costs`` (the digest of the test durations the mutants were dealt by); the file
   holds only this shard's mutants and their equivalents records. Absent for a whole
-  run, and in what ``fence-audit merge`` writes. Every count and score is
+  run, and in what ``fence-audit merge`` writes. ``random_workloads`` (the selectors of
+  the suite's random workloads) when the run judged every fence mutant a second time
+  by them alone (``mutate --random-alone``, :mod:`audit.alone`): each such mutant then
+  has ``random`` (``status``, ``killed_by``, ``failure``, ``duration_s``); no tally
+  is stored for it, the reports count it from the mutants. Every count and score is
   recomputed from the mutants on read (:mod:`audit.results_schema`): a file whose stored
   tallies disagree is refused.
 """
@@ -133,6 +137,8 @@ def write_audit(
     findings: tuple[Found, ...] = (),
     scope: str = "regions",
     shard: dict[str, Any] | None = None,
+    random: Mapping[str, MutantResult] | None = None,
+    random_workloads: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     tallies = tally_by_region(mutants, verdicts, (r.name for r in regions))
     reasons = {e["id"]: e["reason"] for e in equivalents or () if e["state"] == "applied"}
@@ -164,7 +170,10 @@ def write_audit(
         },
         "tests": test_ids,
         "source": _source(target, regions, coverage_map, line_coverage, test_ids),
-        "mutants": [_mutant(m, verdicts[m.id], catalogue, reasons.get(m.id, "")) for m in mutants],
+        "mutants": [
+            _mutant(m, verdicts[m.id], catalogue, reasons.get(m.id, ""), (random or {}).get(m.id))
+            for m in mutants
+        ],
         "catalogue": _catalogue(catalogue),
         "equivalents": equivalents or [],
         "out_of_region": [
@@ -193,6 +202,8 @@ def write_audit(
         ]
     if shard is not None:  # one shard of a run: merge puts the shards together
         document["shard"] = shard
+    if random_workloads:  # --random-alone: each fence mutant's ``random`` judgement
+        document["random_workloads"] = list(random_workloads)
     write_json(path, document)
     return document
 
@@ -345,8 +356,16 @@ def _mutant(
     result: MutantResult,
     catalogue: CatalogueMutants | None = None,
     equivalence: str = "",
+    random: MutantResult | None = None,
 ) -> dict[str, Any]:
     extra: dict[str, Any] = {"equivalence": equivalence} if equivalence else {}
+    if random is not None:  # judged again by the random workloads alone
+        extra["random"] = {
+            "status": random.status.value,
+            "killed_by": random.killed_by or None,
+            "failure": random.failure or None,
+            "duration_s": random.duration_s,
+        }
     entry = catalogue.entries.get(mutant.id) if catalogue else None
     if entry is not None:
         extra |= {

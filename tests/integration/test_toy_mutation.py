@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from audit import coverage_map, executor
+from audit import alone, coverage_map, executor
 from audit.baseline import start_baseline
 from audit.config import Config, RegionSpec, Selection, StatementSelector, SuitePath, load_config
 from audit.environment import sha256_file
@@ -62,18 +62,25 @@ class Toy:
         text = self.path.read_text()
         regions = resolve_regions(text, REGIONS, filename=str(self.path))
         mutant_set = build_mutants(text, str(self.path), regions, cmap.lines)
-        verdicts = executor.judge(
+        self.durations, self.suite, self.target = cmap.durations, suite, target
+        verdicts = self.judge_mutants(
+            mutant_set.mutants, mutant_set.function_hashes, options, session
+        )
+        return mutant_set, verdicts
+
+    def judge_mutants(self, mutants, hashes, options=FAST, session=None):  # type: ignore[no-untyped-def]
+        """Judge ``mutants`` in a new executor, with the last ``judge``'s baseline."""
+        return executor.judge(
             self.config,
-            suite,
-            target,
-            mutant_set.mutants,
-            mutant_set.function_hashes,
-            cmap.durations,
+            self.suite,
+            self.target,
+            mutants,
+            hashes,
+            self.durations,
             "toy",
             options,
             session,
         )
-        return mutant_set, verdicts
 
 
 @pytest.fixture
@@ -183,3 +190,31 @@ def test_mutants_that_do_not_switch_on_stop_the_run(toy: Toy) -> None:
     with pytest.raises(ForcedFailCheckFailed) as info:
         toy.judge(tests="tests/test_swallow.py")
     assert info.value.exit_code == ExitCode.FORCED_FAIL_CHECK
+
+
+def test_second_judgements_by_some_tests_alone_are_jobs_like_any(toy: Toy) -> None:
+    """``--random-alone``'s mechanism on the toy: each mutant judged again with one weak
+    test alone; the mutant's own verdict does not change, the second is cached too."""
+    mutant_set, own = toy.judge()
+    workloads = alone.Workloads((SuitePath("vllm", "tests/test_fence.py::test_register_only"),))
+    seconds = alone.second_judgements(mutant_set.mutants, workloads)
+    register = [m for m in seconds if m.function == "Fence.register"]
+    assert register
+    weak = ("tests/test_fence.py::test_register_only",)
+    assert {m.covered_by for m in register} == {weak, ()}  # `continue`: the weak test skips it
+    for run in range(2):
+        verdicts = toy.judge_mutants((*mutant_set.mutants, *seconds), mutant_set.function_hashes)
+        mine, second = alone.split(verdicts)
+        assert {k: v.status for k, v in mine.items()} == {k: v.status for k, v in own.items()}
+        # the weak test kills nothing its assertions do not look at
+        assert MutantStatus.SURVIVED in {
+            second[m.id].status for m in mutant_set.mutants if m.function == "Fence.register"
+        }
+        assert all(
+            second[m.id].status is MutantStatus.NO_TESTS
+            for m in mutant_set.mutants
+            if m.function == "Fence.remove"
+        )
+        assert all(v.cached for v in second.values() if v.status is not MutantStatus.NO_TESTS) == (
+            run == 1
+        )
