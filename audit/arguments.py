@@ -161,6 +161,13 @@ def build_parser() -> argparse.ArgumentParser:
         'alone" column',
     )
     mutate.add_argument(
+        "--deep",
+        action="store_true",
+        help="judge every survivor again by the random workloads alone under a longer "
+        "Hypothesis profile, time-boxed per mutant ([tool.fence-audit] deep); a kill "
+        "there is shown with its example as a regression test",
+    )
+    mutate.add_argument(
         "--shard",
         type=shard,
         metavar="K/N",

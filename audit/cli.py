@@ -165,8 +165,9 @@ def mutate(
     leaves the gate to ``merge``)."""
     config = stage.prepared.config
     options = ExecutorOptions(jobs=args.jobs, use_cache=not args.no_cache)
+    looks = pipeline.Looks(random_alone=args.random_alone, deep=args.deep)
     stage_result = pipeline.mutate(
-        stage, options, tuple(args.region), args.engine, args.shard, costs, args.random_alone
+        stage, options, tuple(args.region), args.engine, args.shard, costs, looks
     )
     report_mutation(stage_result)
     reported = pipeline.report(config, config.reports_dir / "audit.json", previous)
@@ -213,7 +214,9 @@ def check_inputs(
         check_since(config, args)
         configured.append(changes.OUTSIDE)  # a gate threshold may name the group
     if getattr(args, "random_alone", False):
-        check_random_alone(config, args)
+        check_random_alone(config, args, "--random-alone")
+    if getattr(args, "deep", False):
+        check_random_alone(config, args, "--deep")
     if getattr(args, "scope", scopes.REGIONS) == scopes.FILE:
         check_file_scope(config, args)
         configured.append(scopes.OUTSIDE_REGIONS)
@@ -239,22 +242,22 @@ def check_inputs(
     return entries
 
 
-def check_random_alone(config: Config, args: argparse.Namespace) -> None:
-    """``--random-alone``: a second judgement of every fence mutant by the workloads."""
+def check_random_alone(config: Config, args: argparse.Namespace, flag: str) -> None:
+    """``--random-alone``, ``--deep``: second judgements by the random workloads."""
     if not config.random_workloads:
         raise ConfigError(
-            "--random-alone needs the suite's random workloads, and none are configured",
+            f"{flag} needs the suite's random workloads, and none are configured",
             details={
                 "config": config.source,
                 "next": "list them in [tool.fence-audit.suite] random-workloads "
-                "(test ids or files, as 'project:PATH::TEST'), or drop --random-alone",
+                f"(test ids or files, as 'project:PATH::TEST'), or drop {flag}",
             },
         )
     for option, given in (("--shard", args.shard), ("--engine mutmut", args.engine == "mutmut")):
         if given:
             raise ConfigError(
-                f"--random-alone and {option} do not go together",
-                details={"next": f"measure the random workloads in a run without {option}"},
+                f"{flag} and {option} do not go together",
+                details={"next": f"ask for {flag} in a run without {option}"},
             )
 
 

@@ -86,6 +86,18 @@ class SuitePath:
 
 
 @dataclass(frozen=True, slots=True)
+class DeepLook:
+    """The deep second look at survivors (``mutate --deep``, :mod:`audit.deep`): the
+    random workloads under this Hypothesis profile, for this many CPU seconds each."""
+
+    profile: str = "deep"
+    seconds: float = 300.0
+
+
+DEFAULT_DEEP_SECONDS = DeepLook().seconds
+
+
+@dataclass(frozen=True, slots=True)
 class GateThresholds:
     """What the gate requires, each a percentage in 0-100 (0: not checked)."""
 
@@ -114,6 +126,7 @@ class Config:
     # the suite's random workloads, by test id or file: what `mutate --random-alone`
     # judges every fence mutant with alone (audit.alone)
     random_workloads: tuple[SuitePath, ...] = ()
+    deep: DeepLook = DeepLook()  # the deep second look at survivors (mutate --deep)
     cache_dir_from: str = "the default"  # who chose cache_dir, for error messages
 
     def region(self, name: str) -> RegionSpec:
@@ -138,9 +151,12 @@ _TOP_KEYS = {
     "catalogue",
     "equivalents",
     "findings",
+    "deep",
 }
 _SUITE_KEYS = {"paths", "offline-models", "plugins", "random-workloads"}
 _GATE_KEYS = {"fail-under", "regions", "min-line-coverage"}
+_DEEP_KEYS = {"profile", "seconds"}
+_TABLES = {"suite": _SUITE_KEYS, "gate": _GATE_KEYS, "deep": _DEEP_KEYS}  # merged key by key
 
 
 def default_table() -> dict[str, Any]:
@@ -205,10 +221,10 @@ def merge_tables(base: dict[str, Any], user: dict[str, Any], source: str) -> dic
     _check_keys(user, _TOP_KEYS, "[tool.fence-audit]", source)
     merged = dict(base)
     for key, value in user.items():
-        if key in ("suite", "gate"):
+        if key in _TABLES:
             where = f"[tool.fence-audit.{key}]"
             _expect(value, dict, where, source)
-            _check_keys(value, _SUITE_KEYS if key == "suite" else _GATE_KEYS, where, source)
+            _check_keys(value, _TABLES[key], where, source)
             merged[key] = {**base.get(key, {}), **value}
         else:  # "regions" included: a user's regions replace the defaults whole
             merged[key] = value
@@ -252,6 +268,7 @@ def parse_config(table: dict[str, Any], *, source: str, project_dir: Path) -> Co
         catalogue_dir=_path(table.get("catalogue"), "catalogue", source, project_dir),
         equivalents_file=_path(table.get("equivalents"), "equivalents", source, project_dir),
         findings_file=_path(table.get("findings"), "findings", source, project_dir),
+        deep=parse_deep(table.get("deep", {}), source),
     )
 
 
@@ -278,6 +295,19 @@ def _path(value: Any, key: str, source: str, project_dir: Path) -> Path | None:
         return None
     path = Path(_expect(value, str, key, source))
     return path if path.is_absolute() else project_dir / path
+
+
+def parse_deep(table: Any, source: str) -> DeepLook:
+    _expect(table, dict, "deep", source)
+    _check_keys(table, _DEEP_KEYS, "deep", source)
+    seconds = table.get("seconds", DEFAULT_DEEP_SECONDS)
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0:
+        raise ConfigError(
+            f"deep.seconds must be a number of seconds above 0, not {seconds!r}",
+            details={"config": source, "next": "e.g. deep = { seconds = 300 }"},
+        )
+    profile = _string(table, "profile", source, "deep") if "profile" in table else "deep"
+    return DeepLook(profile=profile, seconds=float(seconds))
 
 
 def parse_gate(table: Any, source: str) -> GateThresholds:

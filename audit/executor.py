@@ -46,12 +46,14 @@ def judge(
     vllm_version: str,
     options: ExecutorOptions,
     warm: WarmSession | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> dict[str, MutantResult]:
     """A verdict for every mutant: from the cache, or from the test process.
 
     ``warm`` is the baseline's test process, kept alive: judging in it saves a new
     process the import, the collection and the warm-up. Without it (or when it is
-    gone) a new test process is started. ``warm`` is closed either way.
+    gone) a new test process is started. ``warm`` is closed either way. ``env``: set
+    in every judging fork (the deep look's profile, :mod:`audit.deep`).
     """
     cache = VerdictCache(
         config.cache_dir / "results", TestHasher(suite.root, suite.plugins), vllm_version
@@ -77,7 +79,9 @@ def judge(
     failures: dict[str, str] = {}  # judgings that ended without a verdict, and why
     try:
         if jobs:
-            spec = _mutation_spec(config, suite, target, source, jobs, cache.directory, options)
+            spec = _mutation_spec(
+                config, suite, target, source, jobs, cache.directory, options, dict(env or {})
+            )
             _run(config, suite, spec, warm, failures)
         elif warm is not None:
             warm.close()
@@ -107,6 +111,7 @@ def _mutation_spec(
     jobs: list[Job],
     results_dir: Path,
     options: ExecutorOptions,
+    env: dict[str, str],
 ) -> MutationSpec:
     work = config.reports_dir / ".work"
     # The forced-fail check prefers a mutant of the target, whose tests are known to reach it.
@@ -123,6 +128,8 @@ def _mutation_spec(
         max_hangs=options.max_hangs,
         jobs=tuple(jobs),
         forced_fail=forced_failure(source, reference),
+        env=env,
+        whole_failure=bool(env),
     )
 
 

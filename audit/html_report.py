@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Iterable
 from html import escape
 
-from audit import __version__
+from audit import __version__, deep
 from audit.model import fraction_text, percent_text
 from audit.protocol import MutantStatus
 from audit.report_model import (
@@ -576,6 +576,8 @@ def _mutant_details(mutant: MutantRecord, line_tests: tuple[str, ...]) -> str:
         facts.append(("killed by", f"<code>{escape(mutant.killed_by)}</code>"))
     if mutant.random is not None:
         facts.append(("random workloads alone", _second(mutant.random)))
+    if mutant.deep is not None:
+        facts.append(("deep second look", _deep(mutant)))
     if mutant.failure:
         facts.append(("failure (first lines)", f"<pre>{escape(mutant.failure)}</pre>"))
     facts.append(
@@ -592,6 +594,26 @@ def _mutant_details(mutant: MutantRecord, line_tests: tuple[str, ...]) -> str:
         f'<details class="mutant {mutant.status.value}" id="{escape(mutant.anchor)}">'
         f"<summary>{_status(mutant.status)} <code>{escape(mutant.label)}</code> "
         f"{escape(mutant.id)}</summary><dl>{body}</dl></details>"
+    )
+
+
+def _deep(mutant: MutantRecord) -> str:
+    """A survivor's deep second look; a kill with its example as a regression test."""
+    look = mutant.deep
+    assert look is not None
+    if look.status is not MutantStatus.KILLED:
+        return escape(deep.OUTCOMES.get(look.status, look.status.value)) + (
+            f" ({look.duration_s:.0f} s)"
+        )
+    test = deep.regression_test(look.failure, mutant.id, look.killed_by)
+    return (
+        f"<strong>killed by the deep hunt</strong> (<code>{escape(look.killed_by)}</code>, "
+        f"{look.duration_s:.0f} s)"
+        + (
+            f"; its shrunk example, as a regression test to paste:<pre>{escape(test)}</pre>"
+            if test
+            else f"<pre>{escape(look.failure)}</pre>"
+        )
     )
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import re
 
-from audit import alone
+from audit import alone, deep
 from audit.model import percent_text
+from audit.protocol import MutantStatus
 from audit.report_model import AuditResults, ChangeRecord, MutantRecord
 from audit.results import Tally
 from audit.scope import FILE, OUTSIDE_REGIONS
@@ -70,12 +71,11 @@ def render_summary(results: AuditResults, previous: AuditResults | None = None) 
         lines += _changes(results, previous)
     survivors = _fence_survivors(results, lines)
     if results.since is None:  # a pull-request run listed them first
-        lines.append(f"### Survivors ({len(survivors)})")
-        lines.append("")
+        lines += [f"### Survivors ({len(survivors)})", "", *_deep_summary(results)]
         if not survivors:
             lines += ["No mutant survived.", ""]
         for mutant in survivors:
-            lines += _survivor(mutant)
+            lines += _survivor(mutant, results.vllm_version)
     if results.equivalents:
         lines += [f"### Equivalent mutants ({len(results.equivalents)})", ""]
         lines += [
@@ -200,7 +200,7 @@ def _changed_code(results: AuditResults, since: ChangeRecord) -> list[str]:
     if not survivors:
         lines += ["No mutant survived.", ""]
     for mutant in survivors[:SURVIVORS_SHOWN]:
-        lines += _survivor(mutant)
+        lines += _survivor(mutant, results.vllm_version)
     rest = survivors[SURVIVORS_SHOWN:]
     if rest:
         lines += [f"And {len(rest)} more (their diffs are in `audit.json` and `index.html`):", ""]
@@ -352,22 +352,61 @@ def _changes(results: AuditResults, previous: AuditResults) -> list[str]:
     return [*lines, ""]
 
 
-def _survivor(mutant: MutantRecord) -> list[str]:
+def _survivor(mutant: MutantRecord, vllm_version: str = "") -> list[str]:
     diff = mutant.diff.splitlines()
     if len(diff) > DIFF_LINES:
         diff = [*diff[:DIFF_LINES], f"... ({len(diff) - DIFF_LINES} more lines in audit.json)"]
     fence = "````" if any(line.startswith("```") for line in diff) else "```"
     label = f" {mutant.title}" if mutant.title else f" ({mutant.operator})"
+    found = deep.found(mutant)
     return [
         "<details>",
         f"<summary><code>{_html(mutant.id)}</code>{_html(label)}: {_html(mutant.region)}, "
-        f"line {mutant.line}, {len(mutant.covered_by)} covering tests</summary>",
+        f"line {mutant.line}, {len(mutant.covered_by)} covering tests"
+        + (" <strong>(killed by the deep hunt)</strong>" if found else "")
+        + "</summary>",
         "",
         f"{fence}diff",
         *diff,
         fence,
+        *_deep_lines(mutant, vllm_version),
         "</details>",
         "",
+    ]
+
+
+def _deep_summary(results: AuditResults) -> list[str]:
+    """``--deep``: how many survivors the deep second look killed."""
+    if results.deep_look is None:
+        return []
+    profile, seconds = results.deep_look
+    looked = [m for m in results.mutants if m.deep is not None]
+    return [
+        f"Deep second look (the random workloads alone, profile `{_cell(profile)}`, up to "
+        f"{seconds:g} s of CPU each): {sum(map(deep.found, looked))} of {len(looked)} "
+        "survivors killed by the deep hunt. The score is the suite's: add the tests below "
+        "to count them.",
+        "",
+    ]
+
+
+def _deep_lines(mutant: MutantRecord, vllm_version: str) -> list[str]:
+    """A survivor's deep second look: what it found, and the test to paste."""
+    look = mutant.deep
+    if look is None:
+        return []
+    if look.status is not MutantStatus.KILLED:
+        return ["", f"Deep second look: {deep.OUTCOMES.get(look.status, look.status.value)}."]
+    test = deep.regression_test(look.failure, mutant.id, look.killed_by, vllm_version)
+    return [
+        "",
+        f"Deep second look: **killed by the deep hunt** (`{_cell(look.killed_by)}`, "
+        f"{look.duration_s:.0f} s). "
+        + ("Its shrunk example, as a regression test to paste:" if test else "Its failure:"),
+        "",
+        "```python" if test else "```",
+        *(test or look.failure).splitlines(),
+        "```",
     ]
 
 

@@ -29,6 +29,7 @@ from audit import (
     catalogue,
     changes,
     coverage_map,
+    deep,
     environment,
     executor,
     outputs,
@@ -103,6 +104,16 @@ class CoverageStage:
     def close(self) -> None:
         if self.warm is not None:
             self.warm.close()
+
+
+@dataclass(frozen=True, slots=True)
+class Looks:
+    """The second looks a run adds to its verdicts: each fence mutant by the random
+    workloads alone (:mod:`audit.alone`), each survivor by a longer search of theirs
+    (:mod:`audit.deep`)."""
+
+    random_alone: bool = False
+    deep: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,14 +258,13 @@ def mutate(
     engine: str = "fork",
     shard: Shard | None = None,
     costs: Mapping[str, float] | None = None,
-    random_alone: bool = False,
+    looks: Looks = Looks(),
 ) -> MutationStage:
     """Judge the mutants of every region (or of the regions named in ``only``); with
     ``shard``, only those dealt to it (:mod:`audit.shards`), by the test durations
-    ``costs`` (default: the baseline's); with ``random_alone``, each fence mutant a
-    second time by the random workloads alone (:mod:`audit.alone`)."""
+    ``costs`` (default: the baseline's); then the second ``looks`` asked for."""
     try:
-        return _mutate(stage, options, only, engine, shard, costs, random_alone)
+        return _mutate(stage, options, only, engine, shard, costs, looks)
     finally:
         stage.close()
 
@@ -266,7 +276,7 @@ def _mutate(
     engine: str,
     shard: Shard | None,
     costs: Mapping[str, float] | None,
-    random_alone: bool = False,
+    looks: Looks,
 ) -> MutationStage:
     prepared = stage.prepared
     config = prepared.config
@@ -291,7 +301,7 @@ def _mutate(
     started = time.monotonic()
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     verdicts, random, incomplete, mutants = _judge(
-        stage, mutants, hashes, options, engine, random_alone
+        stage, mutants, hashes, options, engine, looks.random_alone
     )
     duration = time.monotonic() - started
     # Every mutant of the run, judged or not (an interrupted run's); and the regions it
@@ -304,6 +314,9 @@ def _mutate(
     verdicts, equivalence = apply_equivalents(
         every_mutant, verdicts, hashes, reviewed, left_out=left_out
     )
+    deeper, stopped = None, False
+    if looks.deep and incomplete is None:
+        deeper, stopped = _deep_look(stage, mutants, hashes, verdicts, options)
     after = environment.verify_untouched(prepared.vllm, config.target)
     names = [region.name for region in regions]
     marker = None
@@ -333,7 +346,19 @@ def _mutate(
         shard=marker,
         random=random,
         random_workloads=tuple(map(str, config.random_workloads)) if random else (),
+        deep=deeper,
+        deep_look=config.deep if deeper is not None else None,
     )
+    if stopped:
+        report(config, config.reports_dir / "audit.json")
+        raise RunInterrupted(
+            "interrupted during the deep second look: every verdict is in, the deep look's "
+            "are left out",
+            details={
+                "results": f"{config.reports_dir / 'audit.json'} (without the deep look)",
+                "next": "run `fence-audit mutate --deep` again: it resumes the deep look",
+            },
+        )
     if incomplete is not None:
         report(config, config.reports_dir / "audit.json")
         again = "fence-audit mutate" + (f" --shard {shard}" if shard else "")
@@ -399,6 +424,43 @@ def _judge(
     if random_alone and incomplete is None:  # an interrupted run's would be partial
         random = second
     return verdicts, random, incomplete, mutants
+
+
+def _deep_look(
+    stage: CoverageStage,
+    mutants: tuple[Mutant, ...],
+    hashes: Mapping[str, str],
+    verdicts: Mapping[str, MutantResult],
+    options: ExecutorOptions,
+) -> tuple[dict[str, MutantResult] | None, bool]:
+    """``--deep``: the deep verdicts of the fence's survivors, by mutant id; and
+    whether it was interrupted (then None: a part would pass for the whole)."""
+    prepared = stage.prepared
+    config = prepared.config
+    look = config.deep
+    looked = deep.second_looks(mutants, verdicts, alone.Workloads(config.random_workloads), look)
+    if not looked:
+        return {}, False
+    print(
+        f"fence-audit: deep second look at {len(looked)} survivors: the random workloads "
+        f"under profile {look.profile!r}, up to {look.seconds:g} s of CPU each"
+    )
+    try:
+        found = executor.judge(
+            config,
+            stage.suite,
+            prepared.target,
+            looked,
+            hashes,
+            stage.coverage_map.durations,
+            prepared.vllm.version,
+            deep.options(look, options),
+            None,
+            env=deep.environment(look),
+        )
+    except executor.Interrupted:
+        return None, True  # the deep verdicts so far are cached: the next run resumes
+    return deep.by_mutant(found, looked, look), False
 
 
 def _deal(

@@ -18,6 +18,7 @@ import dataclasses
 import enum
 import json
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass
@@ -27,6 +28,9 @@ from typing import Any, ClassVar, TypeVar, Union
 
 # How a test process marks its events (JSON) in its stdout, among pytest's own output.
 PROGRESS = "@@fence-audit "
+# The first line of the program a Hypothesis state machine shrank to, whatever heading
+# Hypothesis gives it ("Falsifying example:", "Failing test case: <state machine>").
+EXAMPLE = re.compile(r"^state = \w+\(\)\s*$")
 PROJECT_PREFIX = "project/"  # test ids of this project's suite (see audit.suite.stage_suite)
 
 T = TypeVar("T")
@@ -150,6 +154,8 @@ class MutationSpec:
     max_hangs: int
     jobs: tuple[Job, ...]
     forced_fail: Job  # raises at once: must be killed, or no survivor can be trusted
+    env: dict[str, str]  # set in each judging fork (the deep look's Hypothesis profile)
+    whole_failure: bool  # keep a failure's Hypothesis example whole (the deep look's)
 
 
 Spec = BaselineSpec | PlainRunSpec | MutationSpec

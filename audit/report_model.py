@@ -86,6 +86,7 @@ class MutantRecord:
     history: str = ""
     lines: tuple[int, ...] = ()  # the lines of the audited file it changes
     random: SecondJudgement | None = None  # by the random workloads alone (--random-alone)
+    deep: SecondJudgement | None = None  # a survivor's deep second look (--deep)
 
     @property
     def killed_by_random(self) -> bool:
@@ -302,6 +303,7 @@ class AuditResults:
     scope: str = "regions"  # "file": every mutant of the module (audit.scope)
     shard: ShardRecord | None = None  # one shard of a run (mutate --shard K/N)
     random_workloads: tuple[str, ...] = ()  # measured alone (--random-alone); () if not
+    deep_look: tuple[str, float] | None = None  # (profile, seconds) of --deep; None: not run
 
     @property
     def vllm_score(self) -> float | None:
@@ -418,6 +420,7 @@ def _results(path: Path, document: Fields) -> AuditResults:
         scope=scope,
         shard=_shard(document, mutants, equivalents, incomplete),
         random_workloads=random_workloads,
+        deep_look=_deep_look(document, mutants),
     )
     for part in (overall, tool, target, suite, document):
         part.close()
@@ -507,10 +510,31 @@ def _mutant(body: Fields, regions: tuple[str, ...]) -> MutantRecord:
         cached=body.flag("cached", False),
         lines=tuple(count(n, w, minimum=1) for w, n in _items(body, "lines")),
         random=_second(body.object("random")) if body.has("random") else None,
+        deep=_second(body.object("deep")) if body.has("deep") else None,
         **{key: body.text(key, "") for key in _MUTANT_TEXTS},
     )
     body.close()
     return mutant
+
+
+def _deep_look(document: Fields, mutants: Sequence[MutantRecord]) -> tuple[str, float] | None:
+    """``deep``: the deep look's profile and seconds; every survivor of the fence has
+    its deep verdict, and no other mutant has one."""
+    looked = [(n, m) for n, m in enumerate(mutants) if m.deep is not None]
+    if not document.has("deep"):
+        if looked:
+            raise Invalid(f"mutants[{looked[0][0]}].deep", "the run has no deep look")
+        return None
+    body = document.object("deep")
+    look = (body.text("profile"), body.number("seconds"))
+    body.close()
+    for number, mutant in enumerate(mutants):
+        survivor = mutant.status is MutantStatus.SURVIVED and mutant.region not in APART
+        if survivor and mutant.deep is None:
+            raise Invalid(f"mutants[{number}].deep", "missing: the run looked at every survivor")
+        if mutant.deep is not None and not survivor:
+            raise Invalid(f"mutants[{number}].deep", "only a survivor of the fence has one")
+    return look
 
 
 def _second(body: Fields) -> SecondJudgement:

@@ -45,7 +45,10 @@ audit.json format history:
   the suite's random workloads) when the run judged every fence mutant a second time
   by them alone (``mutate --random-alone``, :mod:`audit.alone`): each such mutant then
   has ``random`` (``status``, ``killed_by``, ``failure``, ``duration_s``); no tally
-  is stored for it, the reports count it from the mutants. Every count and score is
+  is stored for it, the reports count it from the mutants. ``deep`` (``profile``,
+  ``seconds``) when the run looked again at every survivor of the fence with a longer
+  search (``mutate --deep``, :mod:`audit.deep`): each such survivor then has ``deep``,
+  as ``random``. Every count and score is
   recomputed from the mutants on read (:mod:`audit.results_schema`): a file whose stored
   tallies disagree is refused.
 """
@@ -61,6 +64,7 @@ from typing import Any
 
 from audit import __version__
 from audit.catalogue import CatalogueMutants
+from audit.config import DeepLook
 from audit.files import write_json
 from audit.findings import Found
 from audit.model import (
@@ -139,6 +143,8 @@ def write_audit(
     shard: dict[str, Any] | None = None,
     random: Mapping[str, MutantResult] | None = None,
     random_workloads: tuple[str, ...] = (),
+    deep: Mapping[str, MutantResult] | None = None,
+    deep_look: DeepLook | None = None,
 ) -> dict[str, Any]:
     tallies = tally_by_region(mutants, verdicts, (r.name for r in regions))
     reasons = {e["id"]: e["reason"] for e in equivalents or () if e["state"] == "applied"}
@@ -171,7 +177,14 @@ def write_audit(
         "tests": test_ids,
         "source": _source(target, regions, coverage_map, line_coverage, test_ids),
         "mutants": [
-            _mutant(m, verdicts[m.id], catalogue, reasons.get(m.id, ""), (random or {}).get(m.id))
+            _mutant(
+                m,
+                verdicts[m.id],
+                catalogue,
+                reasons.get(m.id, ""),
+                (random or {}).get(m.id),
+                (deep or {}).get(m.id),
+            )
             for m in mutants
         ],
         "catalogue": _catalogue(catalogue),
@@ -204,6 +217,8 @@ def write_audit(
         document["shard"] = shard
     if random_workloads:  # --random-alone: each fence mutant's ``random`` judgement
         document["random_workloads"] = list(random_workloads)
+    if deep_look is not None:  # --deep: each fence survivor's ``deep`` judgement
+        document["deep"] = {"profile": deep_look.profile, "seconds": deep_look.seconds}
     write_json(path, document)
     return document
 
@@ -357,15 +372,17 @@ def _mutant(
     catalogue: CatalogueMutants | None = None,
     equivalence: str = "",
     random: MutantResult | None = None,
+    deep: MutantResult | None = None,
 ) -> dict[str, Any]:
     extra: dict[str, Any] = {"equivalence": equivalence} if equivalence else {}
-    if random is not None:  # judged again by the random workloads alone
-        extra["random"] = {
-            "status": random.status.value,
-            "killed_by": random.killed_by or None,
-            "failure": random.failure or None,
-            "duration_s": random.duration_s,
-        }
+    for key, second in (("random", random), ("deep", deep)):
+        if second is not None:  # judged again by the random workloads (alone, deeper)
+            extra[key] = {
+                "status": second.status.value,
+                "killed_by": second.killed_by or None,
+                "failure": second.failure or None,
+                "duration_s": second.duration_s,
+            }
     entry = catalogue.entries.get(mutant.id) if catalogue else None
     if entry is not None:
         extra |= {

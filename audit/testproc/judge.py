@@ -20,7 +20,15 @@ from pathlib import Path
 import pytest
 from _pytest.runner import runtestprotocol
 
-from audit.protocol import Job, MutantStatus, MutationSpec, Verdict, apply_edits, save_verdict
+from audit.protocol import (
+    EXAMPLE,
+    Job,
+    MutantStatus,
+    MutationSpec,
+    Verdict,
+    apply_edits,
+    save_verdict,
+)
 from audit.testproc import isolation
 from audit.testproc.codeswap import activate, function_text
 
@@ -39,6 +47,7 @@ def judge_in_fork(spec: MutationSpec, source: str, items: dict[str, pytest.Item]
     code = 0
     started = time.monotonic()
     isolation.die_with_parent()
+    os.environ.update(spec.env)
     try:
         if job.module:  # another module than the target (the worker's)
             module, path, text = job.module, job.path, Path(job.path).read_text()
@@ -46,7 +55,7 @@ def judge_in_fork(spec: MutationSpec, source: str, items: dict[str, pytest.Item]
             module, path, text = spec.target_module, spec.target_path, source
         alone = function_text(text, job.edits, job.frame) if job.frame else None
         activate(module, path, job.function, alone or apply_edits(text, job.edits))
-        verdict = run_tests(items, job, spec.max_hangs)
+        verdict = run_tests(items, job, spec.max_hangs, spec.whole_failure)
     except (KeyboardInterrupt, SystemExit):
         # Interrupted from outside (Ctrl-C reaches the whole process group): that is
         # no verdict on the mutant, so none is written and nothing can be cached.
@@ -67,7 +76,9 @@ def judge_in_fork(spec: MutationSpec, source: str, items: dict[str, pytest.Item]
         os._exit(code)
 
 
-def run_tests(items: dict[str, pytest.Item], job: Job, max_hangs: int) -> Verdict:
+def run_tests(
+    items: dict[str, pytest.Item], job: Job, max_hangs: int, whole_failure: bool = False
+) -> Verdict:
     """Run the job's tests until one fails; a test over its budget counts as hung.
 
     Killed if a test fails; timeout if none fails but one hung (or ``max_hangs``
@@ -86,12 +97,22 @@ def run_tests(items: dict[str, pytest.Item], job: Job, max_hangs: int) -> Verdic
             continue
         failed = next((r for r in reports if r.failed), None)
         if failed is not None:
-            tail = "\n".join(failed.longreprtext.splitlines()[-FAILURE_LINES:])
-            return Verdict(MutantStatus.KILLED, test_id, tail, tuple(run))
+            text = failure_text(failed.longreprtext, whole_failure)
+            return Verdict(MutantStatus.KILLED, test_id, text, tuple(run))
     if hung:
         failure = f"hung: {', '.join(hung)}"
         return Verdict(MutantStatus.TIMEOUT, failure=failure, tests_run=tuple(run))
     return Verdict(MutantStatus.SURVIVED, tests_run=tuple(run))
+
+
+def failure_text(longrepr: str, whole_example: bool = False) -> str:
+    """The failure kept in the verdict: its last lines; with ``whole_example``, a
+    Hypothesis failure's falsifying example whole, after the lines before it."""
+    lines = longrepr.splitlines()
+    start = next((i for i, line in enumerate(lines) if EXAMPLE.match(line)), None)
+    if not whole_example or start is None:
+        return "\n".join(lines[-FAILURE_LINES:])
+    return "\n".join(lines[max(0, start - FAILURE_LINES) :])
 
 
 class TestHung(BaseException):

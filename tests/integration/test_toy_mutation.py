@@ -4,20 +4,31 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from audit import alone, coverage_map, executor
+from audit import alone, coverage_map, deep, executor
 from audit.baseline import start_baseline
-from audit.config import Config, RegionSpec, Selection, StatementSelector, SuitePath, load_config
+from audit.config import (
+    Config,
+    DeepLook,
+    RegionSpec,
+    Selection,
+    StatementSelector,
+    SuitePath,
+    load_config,
+)
 from audit.environment import sha256_file
 from audit.errors import ExitCode, ForcedFailCheckFailed
 from audit.jobs import ExecutorOptions
 from audit.model import Target
 from audit.mutants import build_mutants
-from audit.protocol import MutantStatus, Warmed, parse_event
+from audit.protocol import MutantStatus, Warmed, apply_edits, parse_event
 from audit.regions import resolve_regions
 from audit.sources import TestSource
 from audit.suite import stage_suite
@@ -29,6 +40,7 @@ REGIONS = (
     RegionSpec("flush", "", (Selection("Fence.flush"),)),
     RegionSpec("drain", "", (Selection("Fence.drain"),)),
     RegionSpec("handoff", "", (Selection("Fence.handoff"),)),
+    RegionSpec("busy", "", (Selection("Fence.busy"),)),
 )
 FAST = ExecutorOptions(jobs=2, timeout_min_s=1.0, timeout_factor=10.0)
 
@@ -37,7 +49,9 @@ class Toy:
     def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         self.root = tmp_path / "toy"
         shutil.copytree(TOY, self.root)
-        monkeypatch.setenv("PYTHONPATH", str(self.root))
+        # the toy first; then what the caller had (a checkout of fence-audit itself)
+        inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(self.root), *inherited]))
         self.path = self.root / "toypkg" / "fence.py"
         self.config: Config = dataclasses.replace(
             load_config(),
@@ -68,7 +82,7 @@ class Toy:
         )
         return mutant_set, verdicts
 
-    def judge_mutants(self, mutants, hashes, options=FAST, session=None):  # type: ignore[no-untyped-def]
+    def judge_mutants(self, mutants, hashes, options=FAST, session=None, env=None):  # type: ignore[no-untyped-def]
         """Judge ``mutants`` in a new executor, with the last ``judge``'s baseline."""
         return executor.judge(
             self.config,
@@ -80,6 +94,7 @@ class Toy:
             "toy",
             options,
             session,
+            env=env,
         )
 
 
@@ -218,3 +233,47 @@ def test_second_judgements_by_some_tests_alone_are_jobs_like_any(toy: Toy) -> No
         assert all(v.cached for v in second.values() if v.status is not MutantStatus.NO_TESTS) == (
             run == 1
         )
+
+
+def test_the_deep_look_kills_a_survivor_only_the_longer_search_finds(toy: Toy) -> None:
+    """`>= limit` -> `> limit` differs only with four blocks fenced at once, which the
+    machine's `ci` programs (3 steps) never reach: a survivor. The deep look, under
+    the `deep` profile (20 steps), finds it; its example, pasted as a test, passes on
+    the code and fails on the mutant."""
+    mutant_set, own = toy.judge("tests/test_machine.py")
+    (rare,) = (
+        m for m in mutant_set.mutants if "+        return len(self.pending) > limit" in m.diff
+    )
+    assert own[rare.id].status is MutantStatus.SURVIVED
+    look = DeepLook(profile="deep", seconds=60)
+    workloads = alone.Workloads((SuitePath("vllm", "tests/test_machine.py"),))
+    looked = deep.second_looks(mutant_set.mutants, own, workloads, look)
+    assert rare.id + deep.MARK + "-deep-60s" in {m.id for m in looked}
+    assert all(own[m.id.split(deep.MARK)[0]].status is MutantStatus.SURVIVED for m in looked)
+    verdicts = toy.judge_mutants(
+        looked,
+        mutant_set.function_hashes,
+        deep.options(look, FAST),
+        env=deep.environment(look),
+    )
+    found = deep.by_mutant(verdicts, looked, look)[rare.id]
+    assert found.status is MutantStatus.KILLED
+    assert found.killed_by == "tests/test_machine.py::test_random_stores"
+    test = deep.regression_test(found.failure, rare.id, found.killed_by, "toy")
+    assert test.startswith("def test_found_by_the_deep_look_fence_busy")
+    assert "    from test_machine import Stores\n" in test
+    assert "    state = Stores()\n" in test
+    assert test.count("state.store(block=") >= 4
+    # pasted beside the machine, it passes on the toy and fails on the mutant
+    pasted = toy.root / "tests" / "test_pasted.py"
+    pasted.write_text(test)
+    env = {**os.environ, "PYTHONPATH": f"{toy.root}{os.pathsep}{toy.root / 'tests'}"}
+
+    def run() -> int:
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(pasted)]
+        done = subprocess.run(command, check=False, cwd=toy.root, env=env, capture_output=True)
+        return done.returncode
+
+    assert run() == 0
+    toy.path.write_text(apply_edits(toy.path.read_text(), rare.edits))
+    assert run() == 1

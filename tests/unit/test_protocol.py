@@ -72,6 +72,8 @@ SAMPLES: dict[type, Any] = {
         max_hangs=2,
         jobs=(JOB, dataclasses.replace(JOB, key="1", frame=None, module="", path="")),
         forced_fail=dataclasses.replace(JOB, key="forced-fail-1"),
+        env={"HYPOTHESIS_PROFILE": "deep"},
+        whole_failure=True,
     ),
     Command: Command("mutate", "/w/executor-spec.json"),
     Verdict: VERDICT,

@@ -39,3 +39,7 @@ class Fence:
                 baton.release()
             passed += 1
         return passed
+
+    def busy(self, limit: int = 4) -> bool:
+        """Whether ``limit`` blocks or more are fenced."""
+        return len(self.pending) >= limit

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from audit import alone
+from audit import alone, deep
 from audit.config import SuitePath
 from audit.errors import ConfigError
 from audit.html_report import render_index, render_region
@@ -124,3 +124,77 @@ def test_a_measured_file_missing_a_judgement_is_refused(tmp_path: Path) -> None:
     path.write_text(json.dumps(document))
     with pytest.raises(ConfigError, match=r"damaged: mutants\[0\]\.random: missing"):
         load_results(path)
+
+
+EXAMPLE = """Traceback (most recent call last):
+AssertionError: assert False == (4 >= 4)
+Failing test case: <state machine>
+state = Stores()
+state.store(block=1)
+state.abort(data=data(...))
+Draw 1: 'r1'
+state.store(block=4)
+state.teardown()
+"""
+
+
+def deep_measured(tmp_path: Path, statuses: dict[str, str]) -> Path:
+    """The fixture's audit.json with a deep look: ``statuses`` by survivor id."""
+    document: dict[str, Any] = json.loads(DATA.read_text())
+    document["deep"] = {"profile": "deep", "seconds": 300.0}
+    for body in document["mutants"]:
+        if body["id"] in statuses:
+            status = statuses[body["id"]]
+            body["deep"] = {
+                "status": status,
+                "killed_by": STATEFUL if status == "killed" else None,
+                "failure": EXAMPLE if status == "killed" else None,
+                "duration_s": 42.0,
+            }
+    path = tmp_path / "audit.json"
+    path.write_text(json.dumps(document))
+    return path
+
+
+SURVIVORS = ("Fence.register:swap_op@3:29-3:36#1", "catalogue:removal-early")
+
+
+def test_a_deep_kill_is_shown_with_its_example_as_a_test_to_paste(tmp_path: Path) -> None:
+    results = load_results(
+        deep_measured(tmp_path, dict(zip(SURVIVORS, ("killed", "timeout"), strict=True)))
+    )
+    assert results.deep_look == ("deep", 300.0)
+    assert results.overall.killed == load_results(DATA).overall.killed  # the score is the suite's
+    summary = render_summary(results)
+    assert "1 of 2 survivors killed by the deep hunt" in summary
+    assert "**killed by the deep hunt**" in summary
+    assert "Deep second look: nothing found within the time box." in summary
+    test = deep.regression_test(EXAMPLE, SURVIVORS[0], STATEFUL, "0.33.0")
+    assert test in summary
+    assert test == (
+        "def test_found_by_the_deep_look_fence_register_swap_op_3_29_3_36_1() -> None:\n"
+        '    """The deep second look\'s example on mutant Fence.register:swap_op@3:29-3:36#1 '
+        '(vLLM 0.33.0)."""\n'
+        "    from test_fence_stateful import Stores\n\n"
+        "    state = Stores()\n"
+        "    state.store(block=1)\n"
+        "    state.abort(data=data(...))\n"
+        "    state.store(block=4)\n"
+        "    state.teardown()\n"
+    )
+    page = render_region(results, results.region("population"))
+    assert "<dt>deep second look</dt>" in page
+    assert "killed by the deep hunt</strong>" in page
+
+
+def test_a_deep_look_must_cover_every_survivor_and_nothing_else(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"\.deep: missing"):
+        load_results(deep_measured(tmp_path, {SURVIVORS[0]: "timeout"}))
+    killed = {**dict.fromkeys(SURVIVORS, "timeout"), "Fence.register:swap_op@3:15-3:24#0": "killed"}
+    with pytest.raises(ConfigError, match=r"only a survivor of the fence has one"):
+        load_results(deep_measured(tmp_path, killed))
+    document = json.loads(deep_measured(tmp_path, dict.fromkeys(SURVIVORS, "timeout")).read_text())
+    del document["deep"]
+    (tmp_path / "audit.json").write_text(json.dumps(document))
+    with pytest.raises(ConfigError, match=r"the run has no deep look"):
+        load_results(tmp_path / "audit.json")
