@@ -7,7 +7,7 @@ and the catalogue's, is judged a second time with only those of its covering tes
 that are random workloads; a mutant none of them reaches is ``no_tests`` there.
 
 The second judgement is an ordinary job of the executor: the same mutant under an
-id of its own (``ID~random``) whose covering tests are the workloads alone. Its
+id of its own (``ID~random-PROFILE``) whose covering tests are the workloads alone. Its
 verdict is cached under its own key (the key holds the covering tests), so a second
 run judges nothing again; it never changes the mutant's own verdict or the score,
 and is reported beside them (audit.json's ``random``, the reports' "random
@@ -37,6 +37,19 @@ class Workloads:
     ``vllm:`` paths, as the suite's)."""
 
     selectors: tuple[SuitePath, ...]
+    # the Hypothesis profile they run under for this measure ("": their own default);
+    # the default, dev, is the ci programs without shrinking: the same kills, and no
+    # time spent shrinking an example nobody reads
+    profile: str = ""
+
+    @property
+    def suffix(self) -> str:
+        """What a second judgement's id adds to the mutant's: the profile is part of
+        it, so that a verdict cached under another profile is not reused."""
+        return SUFFIX + (f"-{self.profile}" if self.profile else "")
+
+    def environment(self) -> dict[str, str]:
+        return {"HYPOTHESIS_PROFILE": self.profile} if self.profile else {}
 
     def test_ids(self) -> tuple[str, ...]:
         """The selectors as test id prefixes."""
@@ -56,7 +69,7 @@ def second_judgements(mutants: Iterable[Mutant], workloads: Workloads) -> tuple[
     return tuple(
         dataclasses.replace(
             mutant,
-            id=mutant.id + SUFFIX,
+            id=mutant.id + workloads.suffix,
             covered_by=tuple(t for t in mutant.covered_by if workloads.holds(t)),
         )
         for mutant in mutants
@@ -68,11 +81,11 @@ def split(
     verdicts: Mapping[str, MutantResult],
 ) -> tuple[dict[str, MutantResult], dict[str, MutantResult]]:
     """The mutants' own verdicts, and the second judgements' by the mutant's id."""
-    own = {k: v for k, v in verdicts.items() if not k.endswith(SUFFIX)}
+    own = {k: v for k, v in verdicts.items() if SUFFIX not in k}
     second = {
-        k.removesuffix(SUFFIX): dataclasses.replace(v, id=k.removesuffix(SUFFIX))
+        k.split(SUFFIX)[0]: dataclasses.replace(v, id=k.split(SUFFIX)[0])
         for k, v in verdicts.items()
-        if k.endswith(SUFFIX)
+        if SUFFIX in k
     }
     return own, second
 

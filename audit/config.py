@@ -126,6 +126,7 @@ class Config:
     # the suite's random workloads, by test id or file: what `mutate --random-alone`
     # judges every fence mutant with alone (audit.alone)
     random_workloads: tuple[SuitePath, ...] = ()
+    random_profile: str = ""  # the Hypothesis profile they run under alone ("": theirs)
     deep: DeepLook = DeepLook()  # the deep second look at survivors (mutate --deep)
     cache_dir_from: str = "the default"  # who chose cache_dir, for error messages
 
@@ -153,7 +154,7 @@ _TOP_KEYS = {
     "findings",
     "deep",
 }
-_SUITE_KEYS = {"paths", "offline-models", "plugins", "random-workloads"}
+_SUITE_KEYS = {"paths", "offline-models", "plugins", "random-workloads", "random-profile"}
 _GATE_KEYS = {"fail-under", "regions", "min-line-coverage"}
 _DEEP_KEYS = {"profile", "seconds"}
 _TABLES = {"suite": _SUITE_KEYS, "gate": _GATE_KEYS, "deep": _DEEP_KEYS}  # merged key by key
@@ -262,6 +263,9 @@ def parse_config(table: dict[str, Any], *, source: str, project_dir: Path) -> Co
         ),
         random_workloads=tuple(
             parse_suite_path(p, source) for p in _strings(suite_table, "random-workloads", source)
+        ),
+        random_profile=_expect(
+            suite_table.get("random-profile", ""), str, "random-profile", source
         ),
         regions=parse_regions(table.get("regions", {}), source),
         gate=parse_gate(table.get("gate", {}), source),

@@ -10,6 +10,7 @@ verdicts can be trusted.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -46,14 +47,17 @@ def judge(
     vllm_version: str,
     options: ExecutorOptions,
     warm: WarmSession | None = None,
-    env: Mapping[str, str] | None = None,
+    env: Mapping[str, Mapping[str, str]] | None = None,
+    whole_failure: bool = False,
 ) -> dict[str, MutantResult]:
     """A verdict for every mutant: from the cache, or from the test process.
 
     ``warm`` is the baseline's test process, kept alive: judging in it saves a new
     process the import, the collection and the warm-up. Without it (or when it is
-    gone) a new test process is started. ``warm`` is closed either way. ``env``: set
-    in every judging fork (the deep look's profile, :mod:`audit.deep`).
+    gone) a new test process is started. ``warm`` is closed either way. ``env``: by
+    mutant id, what its judging fork sets in its environment (a second look's
+    Hypothesis profile); ``whole_failure``: keep a Hypothesis example whole (the deep
+    look's, :mod:`audit.deep`).
     """
     cache = VerdictCache(
         config.cache_dir / "results", TestHasher(suite.root, suite.plugins), vllm_version
@@ -75,12 +79,15 @@ def judge(
             verdicts[mutant.id] = cached
             continue
         cache.forget(key)
-        jobs.append(build_job(mutant, key, source, durations, options))
+        job = build_job(mutant, key, source, durations, options)
+        if env and mutant.id in env:
+            job = dataclasses.replace(job, env=dict(env[mutant.id]))
+        jobs.append(job)
     failures: dict[str, str] = {}  # judgings that ended without a verdict, and why
     try:
         if jobs:
             spec = _mutation_spec(
-                config, suite, target, source, jobs, cache.directory, options, dict(env or {})
+                config, suite, target, source, jobs, cache.directory, options, whole_failure
             )
             _run(config, suite, spec, warm, failures)
         elif warm is not None:
@@ -111,7 +118,7 @@ def _mutation_spec(
     jobs: list[Job],
     results_dir: Path,
     options: ExecutorOptions,
-    env: dict[str, str],
+    whole_failure: bool,
 ) -> MutationSpec:
     work = config.reports_dir / ".work"
     # The forced-fail check prefers a mutant of the target, whose tests are known to reach it.
@@ -128,8 +135,7 @@ def _mutation_spec(
         max_hangs=options.max_hangs,
         jobs=tuple(jobs),
         forced_fail=forced_failure(source, reference),
-        env=env,
-        whole_failure=bool(env),
+        whole_failure=whole_failure,
     )
 
 

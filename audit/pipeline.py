@@ -398,7 +398,7 @@ def _judge(
     incomplete: tuple[int, int] | None = None
     random: dict[str, MutantResult] | None = None
     # --random-alone: the second judgements are more jobs of the same executor.
-    workloads = alone.Workloads(config.random_workloads)
+    workloads = alone.Workloads(config.random_workloads, config.random_profile)
     seconds = alone.second_judgements(mutants, workloads) if random_alone else ()
     try:
         verdicts = executor.judge(
@@ -411,12 +411,13 @@ def _judge(
             prepared.vllm.version,
             options,
             stage.warm,
+            env=dict.fromkeys((m.id for m in seconds), workloads.environment()),
         )
     except executor.Interrupted as interrupted:
         # The results so far are written, marked incomplete (only the mutants
         # judged, every tally recomputed from them); the cache resumes the rest.
         verdicts = interrupted.verdicts
-        own = {k for k in verdicts if not k.endswith(alone.SUFFIX)}
+        own = {k for k in verdicts if alone.SUFFIX not in k}
         judged = tuple(m for m in mutants if m.id in own)
         incomplete = (len(judged), len(mutants))
         mutants = judged
@@ -456,7 +457,8 @@ def _deep_look(
             prepared.vllm.version,
             deep.options(look, options),
             None,
-            env=deep.environment(look),
+            env=dict.fromkeys((m.id for m in looked), deep.environment(look)),
+            whole_failure=True,
         )
     except executor.Interrupted:
         return None, True  # the deep verdicts so far are cached: the next run resumes

@@ -137,6 +137,7 @@ class Job:
     frame: Frame | None = None  # None: compile the whole module
     module: str = ""  # another module than the target, and its file; empty: the target
     path: str = ""
+    env: dict[str, str] = dataclasses.field(default_factory=dict)  # set in its fork
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +155,6 @@ class MutationSpec:
     max_hangs: int
     jobs: tuple[Job, ...]
     forced_fail: Job  # raises at once: must be killed, or no survivor can be trusted
-    env: dict[str, str]  # set in each judging fork (the deep look's Hypothesis profile)
     whole_failure: bool  # keep a failure's Hypothesis example whole (the deep look's)
 
 

@@ -47,7 +47,7 @@ def judge_in_fork(spec: MutationSpec, source: str, items: dict[str, pytest.Item]
     code = 0
     started = time.monotonic()
     isolation.die_with_parent()
-    os.environ.update(spec.env)
+    os.environ.update(job.env)
     try:
         if job.module:  # another module than the target (the worker's)
             module, path, text = job.module, job.path, Path(job.path).read_text()

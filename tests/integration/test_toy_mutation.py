@@ -82,7 +82,7 @@ class Toy:
         )
         return mutant_set, verdicts
 
-    def judge_mutants(self, mutants, hashes, options=FAST, session=None, env=None):  # type: ignore[no-untyped-def]
+    def judge_mutants(self, mutants, hashes, options=FAST, session=None, **extra):  # type: ignore[no-untyped-def]
         """Judge ``mutants`` in a new executor, with the last ``judge``'s baseline."""
         return executor.judge(
             self.config,
@@ -94,7 +94,7 @@ class Toy:
             "toy",
             options,
             session,
-            env=env,
+            **extra,
         )
 
 
@@ -254,7 +254,8 @@ def test_the_deep_look_kills_a_survivor_only_the_longer_search_finds(toy: Toy) -
         looked,
         mutant_set.function_hashes,
         deep.options(look, FAST),
-        env=deep.environment(look),
+        env=dict.fromkeys((m.id for m in looked), deep.environment(look)),
+        whole_failure=True,
     )
     found = deep.by_mutant(verdicts, looked, look)[rare.id]
     assert found.status is MutantStatus.KILLED

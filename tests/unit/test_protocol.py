@@ -47,6 +47,7 @@ JOB = Job(
     frame=FRAME,
     module="vllm.other",
     path="/somewhere/other.py",
+    env={"HYPOTHESIS_PROFILE": "deep"},
 )
 VERDICT = Verdict(
     MutantStatus.KILLED, "tests/v1/a.py::test_one", "AssertionError: é", ("tests/v1/a.py",), 0.25
@@ -72,7 +73,6 @@ SAMPLES: dict[type, Any] = {
         max_hangs=2,
         jobs=(JOB, dataclasses.replace(JOB, key="1", frame=None, module="", path="")),
         forced_fail=dataclasses.replace(JOB, key="forced-fail-1"),
-        env={"HYPOTHESIS_PROFILE": "deep"},
         whole_failure=True,
     ),
     Command: Command("mutate", "/w/executor-spec.json"),

@@ -198,3 +198,13 @@ def test_a_deep_look_must_cover_every_survivor_and_nothing_else(tmp_path: Path) 
     (tmp_path / "audit.json").write_text(json.dumps(document))
     with pytest.raises(ConfigError, match=r"the run has no deep look"):
         load_results(tmp_path / "audit.json")
+
+
+def test_the_profile_they_run_under_is_part_of_the_id_and_set_in_the_fork() -> None:
+    dev = alone.Workloads(WORKLOADS.selectors, "dev")
+    (second,) = alone.second_judgements((mutant("a", "flush", (STATEFUL,)),), dev)
+    assert second.id == "a~random-dev"  # a verdict under another profile is not reused
+    assert dev.environment() == {"HYPOTHESIS_PROFILE": "dev"}
+    assert WORKLOADS.environment() == {}
+    _, by_mutant = alone.split({second.id: MutantResult(second.id, MutantStatus.KILLED)})
+    assert by_mutant["a"].id == "a"
