@@ -21,6 +21,8 @@ Configuration (environment variables; defaults in brackets):
                             avoids the multi-GB CUDA build from PyPI]
   FENCE_AUDIT_CHROMIUM      Chromium for the report's browser test [chromium on
                             PATH; `nox -s tests` apt-installs Debian's if missing]
+  FENCE_AUDIT_HUNT_SECONDS  `nox -s hunt`'s time box, in seconds [600; `-- --seconds N`
+                            overrides it]
 """
 
 from __future__ import annotations
@@ -99,8 +101,13 @@ def fence_audit(session: nox.Session, *args: str) -> None:
     """Run fence-audit in the lean environment; its exit code is nox's (nox itself would
     turn every failure into 1, and CI tells a failed gate, 2, from a broken run)."""
     bindir = lean_env(session)
+    run_keeping_code(session, str(bindir / "fence-audit"), *args, *session.posargs)
+
+
+def run_keeping_code(session: nox.Session, *command: str) -> None:
+    """Run ``command``; its exit code is nox's."""
     try:
-        session.run(str(bindir / "fence-audit"), *args, *session.posargs, external=True)
+        session.run(*command, external=True)
     except nox.command.CommandFailed as failed:
         code = getattr(failed, "return_code", None)
         if code:
@@ -115,6 +122,19 @@ BENCH_SUITE = "tests/v1/kv_connector/unit/offloading_connector/test_scheduler.py
 def audit(session: nox.Session) -> None:
     """Run the audit end to end on the configured vLLM version."""
     fence_audit(session, "mutate")
+
+
+@nox.session(venv_backend="none", default=False)
+def hunt(session: nox.Session) -> None:
+    """Random fence workloads (the long profile) on unmutated vLLM, time-boxed: reports/hunt.md.
+
+    `nox -s hunt -- [--seconds N] [--seed S] [--reports DIR]`: the time box defaults to
+    $FENCE_AUDIT_HUNT_SECONDS, else 600 s. Exit 0: nothing raised; 14: the machine
+    raised, and hunt.md holds the shrunk program and the failed invariant.
+    """
+    bindir = lean_env(session)
+    runner = str(ROOT / "tests" / "fence" / "fence_hunt.py")
+    run_keeping_code(session, str(bindir / "python"), runner, *session.posargs)
 
 
 @nox.session(venv_backend="none", default=False)

@@ -27,6 +27,7 @@ class ExitCode(IntEnum):
     FORCED_FAIL_CHECK = 11  # a mutant that raises at once was not killed: mutants are inert
     CATALOGUE_STALE = 12  # `catalogue check`: an entry no longer applies to the source
     INCOMPLETE = 13  # the gate: the results are of an interrupted run
+    HUNT_FOUND = 14  # `nox -s hunt`: the machine raised; hunt.md holds the shrunk program
     INTERNAL = 70  # a bug in fence-audit
     INTERRUPTED = 130  # Ctrl-C or SIGTERM: the results so far are written, marked incomplete
 

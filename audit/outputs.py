@@ -38,6 +38,7 @@ FILES = (
     "audit.json",
     "bench.json",
     "coverage-map.json",
+    "hunt.md",
     "index.html",
     "junit.xml",
     "mutation.json",

@@ -1,0 +1,292 @@
+"""The hunt (``nox -s hunt``): the fence suite's random workloads on unmutated vLLM, time-boxed.
+
+The runner is ``tests/fence/fence_hunt.py``: it drives the state machine of
+``tests/fence/test_fence_stateful.py`` under the ``long`` profile, in rounds, until the
+time box is up or the machine raises. This module is the part that needs neither vLLM
+nor Hypothesis: the hunt's command line, its result, ``hunt.md`` and the exit code.
+
+A violation is *new* when the machine raises: the known vLLM bugs are tolerated by the
+machine itself (``tolerate=``, ``docs/findings.toml``), so whatever it raises is either
+a vLLM bug nobody has written up yet or a fault of the harness, for a person to triage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from audit import outputs
+from audit.arguments import Parser, whole_number
+from audit.config import Config, load_config
+from audit.errors import ConfigError, ExitCode
+from audit.files import write_text
+
+REPORT = "hunt.md"
+DEFAULT_SECONDS = 600
+SECONDS_ENV = "FENCE_AUDIT_HUNT_SECONDS"
+# Programs per round: one Hypothesis run each. Small enough that the hunt overruns its
+# time box by little (a round of 20 programs of 60 steps takes about 15 s on one core),
+# large enough that Hypothesis' first, simplest program of each run is a small share.
+ROUND_EXAMPLES = 20
+PROFILE = "long"
+
+
+@dataclass(frozen=True, slots=True)
+class HuntOptions:
+    config: Config
+    seconds: int  # the time box: no round starts after it
+    seed: int  # the first round's seed; round k (from 1) has seed + k - 1
+    round_examples: int  # programs per round
+    steps: int | None  # steps per program; None: the long profile's
+    explain: bool = False  # Hypothesis' explain phase (the long profile has it)
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """What the machine raised, as Hypothesis reported it after shrinking."""
+
+    kind: str  # the exception's class: FenceViolation, ContentViolation, AssertionError...
+    message: str  # the invariant that failed, as the oracle or the harness words it
+    program: str  # Hypothesis' printed reproduction: the shrunk steps
+    reproduce: str  # Hypothesis' ``@reproduce_failure(...)`` decorator, or ""
+    where: str  # the innermost frames of the traceback
+    round: int  # from 1
+    seed: int  # that round's seed
+
+
+@dataclass(frozen=True, slots=True)
+class HuntResult:
+    vllm_version: str
+    seconds: int  # the time box
+    elapsed: float  # seconds the hunt ran, shrinking included
+    seed: int  # the first round's seed
+    round_examples: int
+    steps: int  # steps per program
+    rounds: int  # rounds started
+    programs: int  # programs the machine ran (with a finding: shrinking included)
+    finding: Finding | None = None
+    interrupted: bool = False
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="nox -s hunt --",
+        description="Random fence workloads (the long profile) on unmutated vLLM, time-boxed.",
+    )
+    parser.add_argument(
+        "--seconds",
+        type=whole_number(1),
+        help=f"the time box (default: ${SECONDS_ENV}, else {DEFAULT_SECONDS}); "
+        "no round starts after it",
+    )
+    parser.add_argument(
+        "--seed",
+        type=whole_number(0),
+        help="the first round's seed (default: random); round k has seed + k - 1, so the "
+        "seed a finding names replays its round first",
+    )
+    parser.add_argument(
+        "--round-examples",
+        type=whole_number(1),
+        default=ROUND_EXAMPLES,
+        help=f"programs per round, one Hypothesis run (default {ROUND_EXAMPLES})",
+    )
+    parser.add_argument(
+        "--steps",
+        type=whole_number(1),
+        help="steps per program (default: the long profile's, 60)",
+    )
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="run Hypothesis' explain phase too (off by default: it traces every program "
+        "the shrinker tries, which made one real finding's shrinking take over 5 minutes)",
+    )
+    parser.add_argument("--reports", type=Path, help="output folder (default: reports)")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        help="pyproject.toml holding [tool.fence-audit] (default: ./pyproject.toml if present)",
+    )
+    return parser
+
+
+def hunt_options(argv: Sequence[str] | None, environ: Mapping[str, str]) -> HuntOptions:
+    """The hunt's options from its command line, the environment and the configuration."""
+    args = build_parser().parse_args(argv)
+    pyproject = args.config
+    if pyproject is None and Path("pyproject.toml").is_file():
+        pyproject = Path("pyproject.toml")
+    config = load_config(pyproject.resolve() if pyproject else None)
+    if args.reports:
+        config = dataclasses.replace(config, reports_dir=args.reports.resolve())
+    return HuntOptions(
+        config=config,
+        seconds=args.seconds or seconds_from(environ),
+        seed=secrets.randbelow(2**32) if args.seed is None else args.seed,
+        round_examples=args.round_examples,
+        steps=args.steps,
+        explain=args.explain,
+    )
+
+
+def seconds_from(environ: Mapping[str, str]) -> int:
+    """The time box ``$FENCE_AUDIT_HUNT_SECONDS`` sets, else the default."""
+    text = environ.get(SECONDS_ENV, "").strip()
+    if not text:
+        return DEFAULT_SECONDS
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(
+            f"{SECONDS_ENV}={text!r} is not a whole number of seconds of at least 1",
+            details={"next": f"set it to a time box in seconds (default {DEFAULT_SECONDS})"},
+        )
+    return int(text)
+
+
+_REPRODUCE = re.compile(r"@reproduce_failure\([^)]*\)")
+
+
+def parse_notes(notes: Sequence[str]) -> tuple[str, str]:
+    """The shrunk program and the ``@reproduce_failure`` decorator from the notes
+    Hypothesis attaches to the exception of a failing state machine."""
+    lines = [line for note in notes for line in str(note).splitlines()]
+    program: list[str] = []
+    for line in lines:
+        if line.startswith("state = ") or program:
+            program.append(line)
+        if line == "state.teardown()" and program:
+            break
+    found = next((m[0] for line in lines if (m := _REPRODUCE.search(line))), "")
+    return "\n".join(program), found
+
+
+def exit_code(result: HuntResult) -> ExitCode:
+    if result.finding is not None:
+        return ExitCode.HUNT_FOUND
+    if result.interrupted:
+        return ExitCode.INTERRUPTED
+    return ExitCode.OK
+
+
+def write_report(root: Path, result: HuntResult) -> Path:
+    """Write ``root/hunt.md``, listed as fence-audit's before it is written."""
+    outputs.claim(root, REPORT)
+    path = root / REPORT
+    write_text(path, render(result))
+    return path
+
+
+def summary_line(result: HuntResult, path: Path) -> str:
+    ran = f"{_count(result.programs, 'program')} in {_count(result.rounds, 'round')}, "
+    ran += f"{result.elapsed:.0f} s"
+    if result.finding is not None:
+        first = result.finding.message.strip().splitlines()[0] if result.finding.message else ""
+        return (
+            f"hunt: FOUND {result.finding.kind} ({first}) in round {result.finding.round}, "
+            f"seed {result.finding.seed} ({ran}); the shrunk program is in {path} "
+            f"(exit {int(ExitCode.HUNT_FOUND)})"
+        )
+    if result.interrupted:
+        return f"hunt: interrupted, no violation in {ran}: {path}"
+    return f"hunt: no violation in {ran} on vLLM {result.vllm_version}: {path}"
+
+
+def render(result: HuntResult) -> str:
+    """``hunt.md``: what ran, and the finding with its shrunk program for triage."""
+    finding = result.finding
+    if finding is not None:
+        title = f"a violation found on vLLM {result.vllm_version}"
+    elif result.interrupted:
+        title = f"interrupted, no violation so far on vLLM {result.vllm_version}"
+    else:
+        title = f"no violation in {result.seconds} s on vLLM {result.vllm_version}"
+    last = result.seed + max(result.rounds - 1, 0)
+    lines = [
+        f"# Fence hunt: {title}",
+        "",
+        f"- vLLM: {_text(result.vllm_version)}",
+        f"- profile: `{PROFILE}` (`tests/fence/test_fence_stateful.py`), {result.steps} steps "
+        f"per program, in rounds of {result.round_examples} programs; one Hypothesis run per "
+        "round, no example database",
+        f"- time box: {result.seconds} s; ran {result.elapsed:.0f} s"
+        + (" (shrinking included)" if finding else ""),
+        f"- programs run: {result.programs} in {_count(result.rounds, 'round')}"
+        + (" (shrinking included)" if finding else ""),
+        f"- seeds: {result.seed}"
+        + (f" to {last}" if last != result.seed else "")
+        + f" (round k: {result.seed} + k - 1); `nox -s hunt -- --seed {result.seed} "
+        f"--round-examples {result.round_examples} --steps {result.steps}` replays these "
+        "rounds in order",
+        "",
+    ]
+    if finding is None:
+        held = (
+            "Every program kept every fence invariant (I1-I10), no block was overwritten "
+            "while a store read it, and the fence drained after every program."
+        )
+        lines += [
+            f"No violation: the machine raised nothing in {result.programs} programs"
+            + (" before the hunt was interrupted." if result.interrupted else "."),
+            held,
+            "",
+        ]
+        return "\n".join(lines)
+    replay = (
+        f"`nox -s hunt -- --seed {finding.seed} --round-examples {result.round_examples} "
+        f"--steps {result.steps}`"
+    )
+    lines += [
+        "## The violation",
+        "",
+        f"Round {finding.round}, seed {finding.seed} ({replay} replays it first). "
+        f"The machine raised `{finding.kind}`:",
+        "",
+        *_fenced(finding.message, "text"),
+        "",
+        "## The shrunk program",
+        "",
+        "Hypothesis' reproduction of the state machine's steps "
+        "(`FenceMachine` of `tests/fence/test_fence_stateful.py`):",
+        "",
+        *_fenced(finding.program or "(Hypothesis printed no program)", "python"),
+        "",
+    ]
+    if finding.reproduce:
+        lines += [
+            f"`{finding.reproduce}` on `FenceMachine` replays this program alone "
+            "(the same Hypothesis version).",
+            "",
+        ]
+    if finding.where:
+        lines += ["## Where it was raised", "", *_fenced(finding.where, "text"), ""]
+    lines += [
+        "## Triage",
+        "",
+        "The machine tolerates the known vLLM bugs (`docs/findings.toml`), so this is new: "
+        "either a vLLM bug (write it up in `docs/`, register it in `docs/findings.toml`, "
+        "keep its program as a strict expected failure in `tests/fence/test_vllm_bugs.py`) "
+        "or a fault of the harness (`tests/fence/`: fix it, keep the program as a test).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
+def _fenced(text: str, language: str) -> list[str]:
+    """``text`` in a code fence longer than any run of backticks in it."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [fence + language, text.rstrip("\n"), fence]
+
+
+def _text(value: str) -> str:
+    """Run-derived text outside a code span, escaped as summary.md escapes it."""
+    return value.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")

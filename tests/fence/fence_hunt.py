@@ -1,0 +1,173 @@
+"""The hunt: ``test_fence_stateful``'s random workloads on unmutated vLLM, time-boxed.
+
+``nox -s hunt`` runs this file with the lean environment's python:
+
+    python tests/fence/fence_hunt.py [--seconds N] [--seed S] [--reports DIR] ...
+
+It writes ``REPORTS/hunt.md`` (``audit/hunt.py`` renders it) and exits 0 when the
+machine raised nothing in the time box, 14 when it raised (a new vLLM bug or a harness
+fault: hunt.md holds the shrunk program), 1 on a usage error, 7 when the installed
+vLLM is not the configured version, 130 when interrupted.
+
+The time box. Hypothesis has no wall-clock limit, so the hunt runs the machine in
+rounds: each round is one whole Hypothesis run of ``round_examples`` programs under
+the ``long`` profile's settings (60 steps each, no deadline) with its own seed, the
+first round's seed plus the round's index; a round starts only while the time box
+has time left, so the hunt overruns it by at most one round. A round is never cut
+short (a flag checked inside the machine would have to fail or reject programs,
+which Hypothesis would shrink or count against the run), so each round is exactly
+the run ``@seed(S)`` replays, and ``--seed S`` replays the hunt's rounds in order.
+A round that fails is shrunk to the end (Hypothesis bounds shrinking itself, at five
+minutes) and ends the hunt: its shrunk program is the finding.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+if __name__ == "__main__":  # run as a script: this folder and the project importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(1, str(Path(__file__).resolve().parents[2]))
+
+from audit import environment, outputs
+from audit.config import Config
+from audit.errors import AuditError
+from audit.hunt import (
+    Finding,
+    HuntOptions,
+    HuntResult,
+    exit_code,
+    hunt_options,
+    parse_notes,
+    summary_line,
+    write_report,
+)
+
+FRAMES = 8  # innermost frames of a finding's traceback shown in hunt.md
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        options = hunt_options(argv, os.environ)
+        outputs.check_reports_dir(options.config.reports_dir)
+        installed = environment.installed_vllm(options.config.vllm_version)
+        _hermetic(options.config)
+        result = hunt(options, installed.version)
+        path = write_report(options.config.reports_dir, result)
+    except AuditError as error:
+        print(error.render(), file=sys.stderr)
+        return int(error.exit_code)
+    print(summary_line(result, path), flush=True)
+    return int(exit_code(result))
+
+
+def hunt(
+    options: HuntOptions,
+    vllm_version: str,
+    *,
+    log: Callable[[str], None] = print,
+    clock: Callable[[], float] = time.monotonic,
+) -> HuntResult:
+    """Rounds of the state machine until the time box is up or the machine raises."""
+    # vLLM is imported here, after _hermetic: the offline HF home comes first.
+    from hypothesis import Phase, seed, settings
+    from hypothesis.stateful import run_state_machine_as_test
+    from test_fence_stateful import FenceMachine
+
+    base = settings.get_profile("long")
+    budget = settings(
+        base,
+        max_examples=options.round_examples,
+        stateful_step_count=options.steps or base.stateful_step_count,
+        database=None,  # each round is its seed's run alone, never a replay of another
+        print_blob=True,
+        report_multiple_bugs=False,
+        phases=[p for p in base.phases if options.explain or p != Phase.explain],
+    )
+    programs = 0
+
+    class Counted(FenceMachine):  # type: ignore[misc]
+        def teardown(self) -> None:
+            nonlocal programs
+            programs += self.engine is not None  # a program Hypothesis rejected built none
+            super().teardown()
+
+    started = clock()
+    rounds = 0
+    finding: Finding | None = None
+    interrupted = False
+    while finding is None and (rounds == 0 or clock() - started < options.seconds):
+        rounds += 1
+        round_seed = options.seed + rounds - 1
+        # A class per round, named as Hypothesis prints it: `state = FenceMachine()`.
+        machine = seed(round_seed)(type("FenceMachine", (Counted,), {}))
+        try:
+            run_state_machine_as_test(machine, settings=budget)
+        except KeyboardInterrupt:
+            interrupted = True
+            break
+        except Exception as error:  # whatever the machine raises is the finding
+            finding = _finding(error, rounds, round_seed)
+        log(
+            f"hunt: round {rounds} (seed {round_seed}): "
+            + ("RAISED" if finding else "nothing raised")
+            + f"; {programs} programs, {clock() - started:.0f} of {options.seconds} s"
+        )
+    return HuntResult(
+        vllm_version=vllm_version,
+        seconds=options.seconds,
+        elapsed=clock() - started,
+        seed=options.seed,
+        round_examples=options.round_examples,
+        steps=budget.stateful_step_count,
+        rounds=rounds,
+        programs=programs,
+        finding=finding,
+        interrupted=interrupted,
+    )
+
+
+def _finding(error: BaseException, round_index: int, round_seed: int) -> Finding:
+    program, reproduce = parse_notes(getattr(error, "__notes__", ()))
+    # The harness's frames and vLLM's: Hypothesis' and this runner's say nothing of the bug.
+    frames = [
+        frame
+        for frame in traceback.extract_tb(error.__traceback__)
+        if "/hypothesis/" not in frame.filename and frame.filename != __file__
+    ][-FRAMES:]
+    return Finding(
+        kind=type(error).__name__,
+        message=str(error),
+        program=program,
+        reproduce=reproduce,
+        where="".join(traceback.format_list(frames)).rstrip(),
+        round=round_index,
+        seed=round_seed,
+    )
+
+
+def _hermetic(config: Config) -> None:
+    """What the audit's test process gets (audit/hermetic.py), before vLLM is imported:
+    an offline, private Hugging Face home, the CPU platform, no network. A pytest that
+    runs the fence suite has it already (tests/fence/conftest.py)."""
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        return
+    from audit.hermetic import child_environment, prepare_hf_home
+    from audit.testproc.isolation import block_network
+
+    hf_home = prepare_hf_home(config.cache_dir, config.offline_models)
+    os.environ.update(child_environment(os.environ, hf_home))
+    # The rounds' lines, not vLLM's warnings (thousands of "cannot store chunks" a round).
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    logging.getLogger("vllm").setLevel(os.environ["VLLM_LOGGING_LEVEL"])
+    block_network()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

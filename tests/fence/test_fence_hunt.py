@@ -1,0 +1,69 @@
+"""The hunt (``nox -s hunt``, ``fence_hunt.py``): hunt.md and the exit code, end to end on
+the real scheduler, with short programs and a short time box so that each test takes
+seconds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import fence_hunt
+import pytest
+from test_fence_stateful import _plant
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import (
+    OffloadingConnectorScheduler,
+)
+
+from audit.errors import ExitCode
+
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+
+
+def _hunt(reports: Path, options: str) -> int:
+    argv = ["--config", str(PYPROJECT), "--reports", str(reports), *options.split()]
+    return fence_hunt.main(argv)
+
+
+def test_a_hunt_that_meets_a_planted_bug_writes_its_shrunk_program(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """request_finished forgets to fence a finished request's in-flight stores (M-A3):
+    the hunt's first round meets it, shrinks it, and hunt.md holds the program."""
+    _plant(
+        monkeypatch,
+        OffloadingConnectorScheduler,
+        "request_finished",
+        "self._block_id_to_pending_jobs.setdefault(bid, set()).add(job_id)",
+        "pass",
+    )
+    reports = tmp_path / "reports"
+    # Short programs: shrinking takes seconds.
+    code = _hunt(reports, "--seconds 60 --seed 1 --round-examples 5 --steps 8")
+    assert code == ExitCode.HUNT_FOUND
+    text = (reports / "hunt.md").read_text()
+    assert text.startswith("# Fence hunt: a violation found on vLLM ")
+    assert "Round 1, seed 1 " in text
+    assert "I7 registered iff finished" in text or "overwritten" in text
+    program = text.split("## The shrunk program", 1)[1].split("```python\n", 1)[1]
+    program = program.split("\n```", 1)[0].splitlines()
+    assert program[0] == "state = FenceMachine()"
+    assert any(line.startswith("state.start(") for line in program)
+    assert any(line.startswith("state.add_request(") for line in program)
+    assert program[-1] == "state.teardown()"
+    assert "@reproduce_failure(" in text
+    assert "hunt: FOUND " in capsys.readouterr().out
+
+
+def test_a_hunt_on_unmutated_vllm_says_nothing_was_found(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reports = tmp_path / "reports"
+    code = _hunt(reports, "--seconds 1 --seed 7 --round-examples 2 --steps 8")
+    assert code == ExitCode.OK
+    text = (reports / "hunt.md").read_text()
+    assert text.startswith("# Fence hunt: no violation in 1 s on vLLM ")
+    assert "No violation: the machine raised nothing in " in text
+    assert "- seeds: 7" in text
+    assert "## The shrunk program" not in text
+    out = capsys.readouterr().out
+    assert "hunt: round 1 (seed 7): nothing raised" in out
+    assert "hunt: no violation in " in out

@@ -1,0 +1,123 @@
+"""The hunt's vLLM-free part (audit/hunt.py): options, Hypothesis' notes, hunt.md, exit codes.
+The hunt itself, on the real scheduler, is tests/fence/test_fence_hunt.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from audit import outputs
+from audit.errors import ConfigError, ExitCode
+from audit.hunt import (
+    DEFAULT_SECONDS,
+    SECONDS_ENV,
+    Finding,
+    HuntResult,
+    exit_code,
+    hunt_options,
+    parse_notes,
+    render,
+    seconds_from,
+    write_report,
+)
+
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+
+NOTES = [
+    "Failing test case: <state machine>",
+    "state = FenceMachine()",
+    "state.start(layout='full', seed=0)",
+    "state.step(steps=1)",
+    "state.teardown()",
+    "Explanation:",
+    "    These lines were always and only run by failing test cases:",
+    "\nYou can reproduce this test case by temporarily adding "
+    "@reproduce_failure('6.170.17', b'AXicY3Bk+/A=') as a decorator on your test function",
+]
+
+
+def _result(finding: Finding | None = None, **changes: object) -> HuntResult:
+    fields: dict[str, object] = {
+        "vllm_version": "0.33.0",
+        "seconds": 600,
+        "elapsed": 612.4,
+        "seed": 40,
+        "round_examples": 20,
+        "steps": 60,
+        "rounds": 31,
+        "programs": 620,
+        "finding": finding,
+    }
+    fields.update(changes)
+    return HuntResult(**fields)  # type: ignore[arg-type]
+
+
+def _finding(message: str = "fence invariants broken:\n  I7 registered iff finished") -> Finding:
+    program, reproduce = parse_notes(NOTES)
+    return Finding("FenceViolation", message, program, reproduce, "  File x", round=3, seed=42)
+
+
+def test_the_notes_give_the_shrunk_program_and_the_reproduce_decorator() -> None:
+    program, reproduce = parse_notes(NOTES)
+    assert program.splitlines() == NOTES[1:5]
+    assert reproduce == "@reproduce_failure('6.170.17', b'AXicY3Bk+/A=')"
+    assert parse_notes(["something else"]) == ("", "")
+
+
+def test_the_time_box_comes_from_the_option_then_the_environment_then_the_default() -> None:
+    config = ["--config", str(PYPROJECT)]
+    assert hunt_options(config, {}).seconds == DEFAULT_SECONDS == 600
+    assert hunt_options(config, {SECONDS_ENV: "90"}).seconds == 90
+    assert hunt_options([*config, "--seconds", "5"], {SECONDS_ENV: "90"}).seconds == 5
+    for bad in ("0", "ten", "-3"):
+        with pytest.raises(ConfigError, match=SECONDS_ENV):
+            seconds_from({SECONDS_ENV: bad})
+    with pytest.raises(ConfigError) as usage:
+        hunt_options([*config, "--seconds", "0"], {})
+    assert usage.value.exit_code == ExitCode.USAGE
+
+
+def test_a_finding_is_exit_14_and_hunt_md_holds_its_program_and_invariant() -> None:
+    result = _result(_finding())
+    assert exit_code(result) == ExitCode.HUNT_FOUND
+    text = render(result)
+    assert text.startswith("# Fence hunt: a violation found on vLLM 0.33.0\n")
+    assert "Round 3, seed 42 (`nox -s hunt -- --seed 42 --round-examples 20 --steps 60`" in text
+    assert "```text\nfence invariants broken:\n  I7 registered iff finished\n```" in text
+    assert "```python\nstate = FenceMachine()\n" in text
+    assert "state.teardown()\n```" in text
+    assert "`@reproduce_failure('6.170.17', b'AXicY3Bk+/A=')` on `FenceMachine`" in text
+
+
+def test_nothing_found_is_exit_0_and_says_how_much_ran() -> None:
+    result = _result()
+    assert exit_code(result) == ExitCode.OK
+    text = render(result)
+    assert text.startswith("# Fence hunt: no violation in 600 s on vLLM 0.33.0\n")
+    assert "- programs run: 620 in 31 rounds" in text
+    assert "- seeds: 40 to 70 " in text
+    assert "No violation: the machine raised nothing in 620 programs." in text
+    assert exit_code(_result(interrupted=True)) == ExitCode.INTERRUPTED
+
+
+def test_a_message_holding_backticks_cannot_close_its_fence() -> None:
+    text = render(_result(_finding("a ``` inside, and ````` too")))
+    assert "``````text\na ``` inside, and ````` too\n``````" in text
+
+
+def test_hunt_md_is_listed_as_fence_audits_and_a_foreign_one_is_refused(tmp_path: Path) -> None:
+    reports = tmp_path / "reports"
+    path = write_report(reports, _result())
+    assert path == reports / "hunt.md"
+    manifest = json.loads((reports / outputs.MANIFEST).read_text())
+    assert manifest["written"] == ["hunt.md"]
+    outputs.check_reports_dir(reports)  # its own: a second hunt may replace it
+
+    theirs = tmp_path / "theirs"
+    (theirs / "logs").mkdir(parents=True)
+    outputs.claim(theirs, "logs/baseline.log")
+    (theirs / "hunt.md").write_text("someone's notes\n")
+    with pytest.raises(ConfigError, match=r"hunt\.md"):
+        outputs.check_reports_dir(theirs)
