@@ -78,6 +78,16 @@ class EngineConfig:
     hash_block_size: int  # their gcd: block hashes are chained at this size
     retention_interval: int | None  # sliding-window checkpoint retention (None: dense)
 
+    @property
+    def final_tail_groups(self) -> frozenset[int]:
+        """The groups whose final tail a finished request's store may reconsider:
+        sliding-window groups other than an EAGLE drafter's."""
+        return frozenset(
+            i
+            for i, g in enumerate(self.kv_cache.kv_cache_groups)
+            if isinstance(g.kv_cache_spec, SlidingWindowSpec) and not g.is_eagle_group
+        )
+
 
 @contextmanager
 def retention_environment(config: EngineConfig) -> Iterator[None]:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import fence_remote
 from fence_config import Layout, engine_config, vllm_config
 from fence_contents import (
+    FINAL_SLIDING_WINDOW_TAIL,
     FINAL_TOKEN_UNCOMPUTED,
     PREEMPTED_THEN_FINISHED,
     Contents,
@@ -44,6 +45,7 @@ from fence_transfers import Delay, FakeTransferWorker, FenceOffloadingSpec
 from fence_workers import WorkerSide
 
 __all__ = [
+    "FINAL_SLIDING_WINDOW_TAIL",
     "FINAL_TOKEN_UNCOMPUTED",
     "PREEMPTED_THEN_FINISHED",
     "RELEASE_TOLERANCE",
@@ -169,7 +171,7 @@ class FenceEngine:
         self.vllm_config = config.vllm
         self.group_block_sizes = config.group_block_sizes
         self.hash_block_size = config.hash_block_size
-        self.ledger = JobLedger(blocks_per_chunk)
+        self.ledger = JobLedger(blocks_per_chunk, config.final_tail_groups)
         self.scheduler_side = SchedulerSide(
             config, self.ledger, async_scheduling=async_scheduling, remote_source=remote_source
         )
@@ -197,6 +199,13 @@ class FenceEngine:
         self.job_places = self.ledger.job_places
         self.stores_after_preemption = self.ledger.stores_after_preemption
         self.history = self.ledger.history
+
+    def tolerated_stale_reads(self, job_id: int) -> set[tuple[int, int]]:
+        """The (group, block index) places of store ``job_id`` that only the tolerated
+        final-tail bug reads (FINAL_SLIDING_WINDOW_TAIL); none unless tolerated."""
+        if FINAL_SLIDING_WINDOW_TAIL not in self.tolerate:
+            return set()
+        return self.ledger.stale_tail_reads.get(job_id, set())
 
     def delay_of(self, job_id: int) -> Delay:
         return (

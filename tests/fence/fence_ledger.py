@@ -4,6 +4,7 @@ of them."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -31,18 +32,26 @@ class StepRecord:
     fence_before: dict[int, frozenset[int]]  # the fence as schedule() found it
     jobs_before: dict[str, frozenset[int]]  # each tracked request's jobs, likewise
     tables: dict[tuple[str, int, int], int]  # (request, group, index) -> block, after it
+    # each tracked request's next_stored_chunk_idx per group, as schedule() found them
+    stored_before: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
 
 
 class JobLedger:
     """The jobs of every step's connector metadata, kept after the connector forgets them."""
 
-    def __init__(self, blocks_per_chunk: int) -> None:
+    def __init__(self, blocks_per_chunk: int, tail_groups: frozenset[int] = frozenset()) -> None:
         self.blocks_per_chunk = blocks_per_chunk
+        # the groups whose final tail a finished request's store may reconsider
+        # (non-EAGLE sliding-window groups; see stale_tail_reads)
+        self.tail_groups = tail_groups
         self.store_jobs: dict[int, TransferJob] = {}
         self.load_jobs: dict[int, TransferJob] = {}
         # job id -> (group, block index in the request, GPU block id), per source block
         self.job_places: dict[int, list[tuple[int, int, int]]] = {}
         self.stores_after_preemption: set[int] = set()  # built with no computed KV left
+        # store job -> the (group, block index) it reads from a stale id below its
+        # request's store progress (FINAL_SLIDING_WINDOW_TAIL in fence_contents)
+        self.stale_tail_reads: dict[int, set[tuple[int, int]]] = {}
         self.history: list[StepRecord] = []
 
     def add(
@@ -63,9 +72,35 @@ class JobLedger:
             status = req_status[job.req_id]
             lists = [g.block_ids for g in status.group_states]
             self.job_places[job_id] = spec_places(job.src_spec, lists)
+            if request.is_finished():
+                stale = self._stale_tail(job.req_id, job_id, record)
+                if stale:
+                    self.stale_tail_reads[job_id] = stale
         for job_id, job in record.load_jobs.items():
             self.job_places[job_id] = spec_places(job.dst_spec)
         self.history.append(record)
+
+    def _stale_tail(self, req_id: str, job_id: int, record: StepRecord) -> set[tuple[int, int]]:
+        """The places a finished request's store reads below its store progress in a
+        tail group, from a block vLLM has handed to another place since the request
+        last held it there: the id the connector kept there is stale."""
+        progress = record.stored_before.get(req_id, ())
+        stale: set[tuple[int, int]] = set()
+        for group, index, block in self.job_places[job_id]:
+            below = group in self.tail_groups and index < progress[group] * self.blocks_per_chunk
+            if below and self._handed_on(block, (req_id, group, index), record):
+                stale.add((group, index))
+        return stale
+
+    def _handed_on(self, block: int, place: tuple[str, int, int], record: StepRecord) -> bool:
+        """Whether ``block`` went to another place after ``place`` last held it
+        (``record``, not yet in the history, is the latest step)."""
+        for step in [record, *reversed(self.history)]:
+            if step.tables.get(place) == block:
+                return False
+            if step.allocated.get(block, set()) - {place}:
+                return True
+        return False
 
     def places(self, transfer: Transfer) -> Iterable[tuple[int, int, int, tuple[int, int]]]:
         """(group, block index in the request, GPU block id, CPU address) per block: the

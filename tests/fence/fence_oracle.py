@@ -210,7 +210,10 @@ class FenceOracle:
         # about to overwrite, unless flushed now. (A block shared through the prefix
         # cache, still held by the job's request, holds the same data: no hazard.)
         for job_id, job in sorted(record.store_jobs.items()):
+            tolerated = engine.tolerated_stale_reads(job_id)
             for group, index, block in engine.job_places[job_id]:
+                if (group, index) in tolerated:
+                    continue  # a known vLLM bug the engine tolerates
                 place = (job.req_id, group, index)
                 others = record.allocated.get(block, set()) - {place}
                 if others and record.tables.get(place) != block and job_id not in flushed:

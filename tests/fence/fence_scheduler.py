@@ -127,6 +127,10 @@ class SchedulerSide:
         before = self.block_tables()
         fence_before = {b: frozenset(j) for b, j in self.fence.items()}
         jobs_before = {r: frozenset(s.transfer_jobs) for r, s in self.connector._req_status.items()}
+        stored_before = {
+            r: tuple(g.next_stored_chunk_idx for g in s.group_states)
+            for r, s in self.connector._req_status.items()
+        }
         output = self.scheduler.schedule()
         tables = self.block_tables()
         allocated: dict[int, set[tuple[str, int, int]]] = {}
@@ -148,6 +152,7 @@ class SchedulerSide:
             fence_before=fence_before,
             jobs_before=jobs_before,
             tables=tables,
+            stored_before=stored_before,
         )
         self.ledger.add(record, self.requests, self.connector._req_status)
         self.reset_since_last_step = False

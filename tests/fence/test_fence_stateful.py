@@ -3,10 +3,12 @@
 Hypothesis drives a rule-based state machine: requests of random lengths arrive
 (some sharing a prefix, so the GPU prefix cache and the CPU tier both hit), steps
 run, requests are aborted or preempted, transfers complete after random delays or
-are held, caches are reset; pools and the CPU tier are tight. After every step the
-oracle (``fence_oracle``) checks the invariants and the harness checks that no block
-is overwritten while a store still reads it. At the end every transfer is released
-and the fence must drain to nothing.
+are held, caches are reset, every running request is preempted at once; pools and
+the CPU tier are tight. Each program enables a random subset of those actions
+(swarm testing), and a hybrid layout may give its two groups different block sizes.
+After every step the oracle (``fence_oracle``) checks the invariants and the harness
+checks that no block is overwritten while a store still reads it. At the end every
+transfer is released and the fence must drain to nothing.
 
 Profiles (``HYPOTHESIS_PROFILE``, read when the test runs): ``ci`` (default;
 derandomized, bounded, no example database), ``long`` (many more, longer programs,
@@ -16,13 +18,16 @@ for a local hunt) and ``deep`` (``long`` derandomized: fence-audit's deep second
 from __future__ import annotations
 
 import inspect
+import math
 import os
 import random
 import textwrap
 from typing import Any
 
 import pytest
+from fence_findings import has_bug
 from fence_harness import (
+    FINAL_SLIDING_WINDOW_TAIL,
     PREEMPTED_THEN_FINISHED,
     RELEASE_TOLERANCE,
     ContentViolation,
@@ -80,20 +85,44 @@ BLOCK = 4
 # Prompts are a shared prefix (or not) plus a private tail, so that requests hit
 # each other's blocks in the GPU prefix cache and in the CPU tier.
 PREFIXES = [(), tuple(range(1, 9)), tuple(range(1, 5)), tuple(range(100, 112))]
+# (full-attention, sliding-window) block sizes of a mixed layout: hybrid models
+# whose groups differ in block size step in the lcm and hash in the gcd, and a
+# sliding-window block smaller than the full-attention one brings in the final
+# sliding-window tail.
+MIXED_BLOCK_SIZES = [(BLOCK, BLOCK), (8, 4), (BLOCK, 2), (BLOCK, 8)]
 
 
 MAX_TAIL = 10
 MAX_TOKENS = 10
 
 
-def _fitting_pool(layout: str) -> int:
+def _fitting_pool(layout: str, block_sizes: tuple[int, int] = (BLOCK, BLOCK)) -> int:
     """The smallest pool that fits the longest request alone (plus the null block),
-    so that every request can run; more requests than that compete and preempt."""
+    so that every request can run; more requests than that compete and preempt.
+
+    The groups share one pool, each taking blocks of its own size. A sliding-window
+    group needs every block of a prompt it prefills in one step (it frees the ones
+    left behind afterwards): as many as full attention would at its block size.
+    """
     longest = max(map(len, PREFIXES)) + MAX_TAIL + MAX_TOKENS
-    blocks = -(-longest // BLOCK)
-    # A sliding-window group needs every block of a prompt it prefills in one step
-    # (it frees the ones left behind afterwards): as many as full attention.
-    return 1 + {"full": blocks, "sliding": blocks, "mixed": 2 * blocks}[layout]
+    full, sliding = block_sizes
+    groups = {"full": [full], "sliding": [sliding], "mixed": [full, sliding]}[layout]
+    return 1 + sum(-(-longest // size) for size in groups)
+
+
+# Swarm testing (Groce et al., "Swarm testing", ISSTA 2012): each program enables a
+# random subset of these actions, so that what a uniform choice of rules makes rare
+# comes up: stores held with nothing to release them, a pool churned by aborts
+# alone, preemptions with no reset in between.
+ACTIONS = ("abort", "reset", "preempt", "release")
+
+
+def _can(action: str) -> Any:
+    """A precondition: the engine is running and this program enables ``action``."""
+    return lambda self: self.engine is not None and action in self.actions
+
+
+FINAL_TAIL_TOLERANCE = (FINAL_SLIDING_WINDOW_TAIL,) if has_bug("final-sliding-window-tail") else ()
 
 
 class FenceMachine(RuleBasedStateMachine):
@@ -102,49 +131,64 @@ class FenceMachine(RuleBasedStateMachine):
         self.engine: FenceEngine | None = None
         self.oracle = FenceOracle()
         self.next_tail = 1000
+        self.actions: frozenset[str] = frozenset()
 
     @precondition(lambda self: self.engine is None)
     @rule(
         layout=st.sampled_from(["full", "sliding", "mixed"]),
+        block_sizes=st.sampled_from(MIXED_BLOCK_SIZES),
         async_scheduling=st.booleans(),
         spare_blocks=st.integers(0, 12),
         cpu_chunks=st.integers(1, 24),
         workers=st.sampled_from([1, 1, 2]),
-        blocks_per_chunk=st.sampled_from([1, 1, 2]),
+        second_worker_lag=st.integers(0, 3),
+        blocks_per_chunk=st.sampled_from([1, 1, 2, 3]),
+        window_blocks=st.integers(1, 3),
         remote_source=st.booleans(),
         retention=st.sampled_from([0, None]),
         eagle=st.booleans(),
         delays=st.lists(st.one_of(st.none(), st.integers(0, 4)), min_size=1, max_size=8),
         seed=st.integers(0, 2**16),
+        enabled=st.lists(st.booleans(), min_size=len(ACTIONS), max_size=len(ACTIONS)),
     )
     def start(
         self,
         layout: Any,
+        block_sizes: tuple[int, int],
         async_scheduling: bool,
         spare_blocks: int,
         cpu_chunks: int,
         workers: int,
+        second_worker_lag: int,
         blocks_per_chunk: int,
+        window_blocks: int,
         remote_source: bool,
         retention: int | None,
         eagle: bool,
         delays: list[int | None],
         seed: int,
+        enabled: list[bool],
     ) -> None:
         rng = random.Random(seed)
+        self.actions = frozenset(a for a, on in zip(ACTIONS, enabled, strict=True) if on)
 
         def delay(job_id: int, is_store: bool) -> int | None:
             return rng.choice(delays)
 
+        if layout != "mixed":
+            block_sizes = (BLOCK, BLOCK)  # one group, one size
         self.engine = FenceEngine(
-            block_size=BLOCK,
-            num_gpu_blocks=_fitting_pool(layout) + spare_blocks,
+            block_size=block_sizes[0],
+            sliding_block_size=block_sizes[1],
+            num_gpu_blocks=_fitting_pool(layout, block_sizes) + spare_blocks,
             layout=layout,
-            window_blocks=2,
+            window_blocks=window_blocks,
             blocks_per_chunk=blocks_per_chunk,
             async_scheduling=async_scheduling,
             cpu_chunks=cpu_chunks,
             workers=workers,
+            # the second rank reports in step with the first, or up to 3 steps late
+            second_worker_lag=second_worker_lag,
             delay=delay,
             remote_source=remote_source,
             # vLLM's default checkpoint retention, or dense (which brings in the
@@ -153,8 +197,9 @@ class FenceMachine(RuleBasedStateMachine):
             eagle=eagle,
             # Known vLLM bugs, kept in test_vllm_bugs.py: tolerated here so that the
             # random workloads keep hunting for other failures (and this release's
-            # tolerated ones, see RELEASE_TOLERANCE).
-            tolerate=(*RELEASE_TOLERANCE, PREEMPTED_THEN_FINISHED),
+            # tolerated ones, see RELEASE_TOLERANCE). The final-tail bug only where
+            # the registry lists this release: elsewhere it would be a regression.
+            tolerate=(*RELEASE_TOLERANCE, PREEMPTED_THEN_FINISHED, *FINAL_TAIL_TOLERANCE),
             post_step_fns=[self.oracle],
         )
 
@@ -179,7 +224,9 @@ class FenceMachine(RuleBasedStateMachine):
         if not prompt:
             prompt = [self.next_tail]
             self.next_tail += 1
-        remote = min(remote_blocks, (len(prompt) - 1) // BLOCK) * BLOCK
+        # whole scheduler blocks (the lcm of the groups' block sizes)
+        unit = math.lcm(*self.engine.group_block_sizes)
+        remote = min(remote_blocks, (len(prompt) - 1) // unit) * unit
         if not self.engine.remote_source:
             remote = 0
         self.engine.add_request(prompt, max_tokens, remote_tokens=remote)
@@ -191,7 +238,7 @@ class FenceMachine(RuleBasedStateMachine):
         for _ in range(steps):
             self.engine.step()
 
-    @precondition(_live)
+    @precondition(_can("abort"))
     @rule(data=st.data())
     def abort(self, data: st.DataObject) -> None:
         assert self.engine is not None
@@ -205,7 +252,7 @@ class FenceMachine(RuleBasedStateMachine):
         # keeps it as an expected failure): the random workloads leave it out so
         # that they keep hunting for other failures.
         engine = self.engine
-        if engine is None or engine.reset_since_last_step:
+        if engine is None or engine.reset_since_last_step or "reset" not in self.actions:
             return False
         return engine.layout == "full" or not engine.scheduler.has_unfinished_requests()
 
@@ -215,7 +262,27 @@ class FenceMachine(RuleBasedStateMachine):
         assert self.engine is not None
         self.engine.reset_cache()
 
-    @precondition(_live)
+    def _can_preempt(self) -> bool:
+        # vLLM's reset_prefix_cache(reset_running_requests=True) raises when a request
+        # that is not running holds blocks (one waiting for a remote load, say): an
+        # engine would fail the same way, so the workloads leave that case out.
+        engine = self.engine
+        if engine is None or "preempt" not in self.actions:
+            return False
+        running = {r.request_id for r in engine.scheduler.running}
+        return all(req_id in running for req_id, _, _ in engine.block_tables())
+
+    @precondition(_can_preempt)
+    @rule()
+    def preempt_all(self) -> None:
+        """Every running request preempted at once, as the engine's
+        reset_prefix_cache(reset_running_requests=True) does. The next step reports
+        them preempted and may readmit them with a load from the CPU tier; with
+        async scheduling, a request can be preempted with its last token in flight."""
+        assert self.engine is not None
+        self.engine.preempt_all()
+
+    @precondition(_can("release"))
     @rule()
     def release_held(self) -> None:
         assert self.engine is not None
