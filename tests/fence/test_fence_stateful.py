@@ -47,9 +47,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import (
     OffloadingConnectorScheduler,
 )
 
+# ci: 75 programs of 25 steps. After vLLM's one-time warm-up (~3 s) they take ~3 s
+# (25 took 1 s): 3x the programs for 1.5x the test's time, since at 25 which
+# catalogue bugs a derandomized run found was mostly down to its seed (issue 16).
 settings.register_profile(
     "ci",
-    max_examples=25,
+    max_examples=75,
     stateful_step_count=25,
     derandomize=True,
     database=None,
