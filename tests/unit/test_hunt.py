@@ -1,5 +1,5 @@
 """The hunt's vLLM-free part (audit/hunt.py): options, Hypothesis' notes, hunt.md, exit codes.
-The hunt itself, on the real scheduler, is tests/fence/test_fence_hunt.py."""
+The hunt itself, on the real scheduler, is tests/hunt/test_hunt_vllm.py."""
 
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ seconds."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import fence_hunt
@@ -27,7 +28,7 @@ def test_a_hunt_that_meets_a_planted_bug_writes_its_shrunk_program(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """request_finished forgets to fence a finished request's in-flight stores (M-A3):
-    the hunt's first round meets it, shrinks it, and hunt.md holds the program."""
+    a round of the hunt meets it, shrinks it, and hunt.md holds the program."""
     _plant(
         monkeypatch,
         OffloadingConnectorScheduler,
@@ -41,7 +42,10 @@ def test_a_hunt_that_meets_a_planted_bug_writes_its_shrunk_program(
     assert code == ExitCode.HUNT_FOUND
     text = (reports / "hunt.md").read_text()
     assert text.startswith("# Fence hunt: a violation found on vLLM ")
-    assert "Round 1, seed 1 " in text
+    # round k runs seed 1 + k - 1 (which round meets it depends on the machine's draws)
+    found = re.search(r"Round (\d+), seed (\d+) ", text)
+    assert found is not None
+    assert int(found[2]) == 1 + int(found[1]) - 1
     assert "I7 registered iff finished" in text or "overwritten" in text
     program = text.split("## The shrunk program", 1)[1].split("```python\n", 1)[1]
     program = program.split("\n```", 1)[0].splitlines()
