@@ -411,7 +411,10 @@ def _judge(
             prepared.vllm.version,
             options,
             stage.warm,
-            env=dict.fromkeys((m.id for m in seconds), workloads.environment()),
+            # Every judgement runs the random workloads under their judging profile
+            # (no shrinking): a kill is their first failure, and shrinking it cost
+            # a mutant of the pull-request audit its verdict (the backstop, 60 s).
+            env=dict.fromkeys((m.id for m in (*mutants, *seconds)), workloads.environment()),
         )
     except executor.Interrupted as interrupted:
         # The results so far are written, marked incomplete (only the mutants
