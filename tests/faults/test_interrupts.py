@@ -64,15 +64,18 @@ def processes_mentioning(text: str) -> list[str]:
 
 def project(tmp_path: Path, name: str) -> Path:
     """A folder with its own cache (vLLM's tests only) and a configuration holding this
-    repository's catalogue and equivalents, and no gate."""
+    repository's equivalents, and no gate. No catalogue: most of its entries survive
+    vLLM's suite, and each survivor runs every covering test, which made these runs the
+    slowest of the suite; resuming works on mutmut's mutants and the catalogue's alike."""
     folder = tmp_path / name
     folder.mkdir()
     private_cache(folder)
     (folder / "pyproject.toml").write_text(
         "[tool.fence-audit]\n"
-        f'catalogue = "{ROOT / "mutants" / "catalogue"}"\n'
+        f'catalogue = "{folder / "no-catalogue"}"\n'
         f'equivalents = "{ROOT / "mutants" / "equivalents.toml"}"\n'
     )
+    (folder / "no-catalogue").mkdir()
     return folder
 
 
@@ -82,7 +85,7 @@ def clean(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     result = fence_audit(*command(folder), cwd=ROOT)
     assert result.returncode == 0, result.stderr
     judged = statuses(folder)
-    assert len(judged) > 20
+    assert len(judged) > 15  # the removal region's mutmut mutants: 18 on 0.33.0
     assert "error" not in judged.values()
     return judged
 
@@ -97,7 +100,7 @@ def early_mutants(folder: Path) -> bool:
 
 
 def late_mutants(folder: Path) -> bool:
-    return verdict_files(folder) >= 20
+    return verdict_files(folder) >= 12
 
 
 def reports_written(folder: Path) -> bool:
@@ -111,11 +114,14 @@ POINTS: dict[str, Callable[[Path], bool]] = {
     "report writing": reports_written,
 }
 CASES = [
-    *((point, signal.SIGINT) for point in POINTS if point != "early mutants"),
+    # a cancelled CI job; fence-audit turns SIGTERM into the Ctrl-C it then handles,
+    # so this is also the baseline's Ctrl-C case
+    ("baseline", signal.SIGTERM),
+    ("late mutants", signal.SIGINT),
+    ("report writing", signal.SIGINT),
     ("early mutants", signal.SIGKILL),  # Ctrl-C mid-judging is the late-mutants case
-    ("baseline", signal.SIGTERM),  # a cancelled CI job
 ]
-# Each case costs a baseline or two (about a minute and a half): these five keep
+# Each case costs a baseline or two (about a minute and a half): these four keep
 # `nox -s tests` within CI's budget, which the release and pull-request tests share.
 
 
