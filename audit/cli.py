@@ -20,7 +20,7 @@ from audit.config import (
     Config,
     GateThresholds,
     SuitePath,
-    load_config,
+    config_from_arguments,
     parse_suite_path,
     percentage,
 )
@@ -62,24 +62,8 @@ def thresholds(config: Config, args: argparse.Namespace) -> GateThresholds:
     return dataclasses.replace(gate, regions=tuple(regions.items()))
 
 
-def configure(args: argparse.Namespace) -> Config:
-    pyproject = args.config
-    if pyproject is None and Path("pyproject.toml").is_file():
-        pyproject = Path("pyproject.toml")
-    config = load_config(pyproject.resolve() if pyproject else None)
-    if args.reports:
-        config = dataclasses.replace(config, reports_dir=args.reports.resolve())
-    if args.cache_dir:
-        cache = args.cache_dir.resolve()
-        config = dataclasses.replace(config, cache_dir=cache, cache_dir_from="--cache-dir")
-    if getattr(args, "plugin", None):
-        plugins = tuple(parse_suite_path(p) for p in args.plugin)
-        config = dataclasses.replace(config, plugins=plugins)
-    return config
-
-
 def run(args: argparse.Namespace) -> ExitCode:
-    config = configure(args)
+    config = config_from_arguments(args)
     if getattr(args, "no_catalogue", False):  # mutmut's mutants only
         config = dataclasses.replace(config, catalogue_dir=None)
     if args.command in ("report", "gate"):

@@ -8,6 +8,7 @@ nothing is configured. Every key is checked: an unknown key or a wrong type is a
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import tomllib
@@ -177,6 +178,25 @@ def _default_cache_dir() -> tuple[Path, str]:
     if xdg := os.environ.get("XDG_CACHE_HOME"):
         return Path(xdg) / "fence-audit", "$XDG_CACHE_HOME"
     return Path.home() / ".cache" / "fence-audit", "the default, ~/.cache/fence-audit"
+
+
+def config_from_arguments(args: Any) -> Config:
+    """The configuration a command line asks for: ``--config`` (else ./pyproject.toml,
+    if there is one) under the options every command shares (``--reports``, and where
+    the command has them ``--cache-dir`` and ``--plugin``)."""
+    pyproject = args.config
+    if pyproject is None and Path("pyproject.toml").is_file():
+        pyproject = Path("pyproject.toml")
+    config = load_config(pyproject.resolve() if pyproject else None)
+    if args.reports:
+        config = dataclasses.replace(config, reports_dir=args.reports.resolve())
+    if getattr(args, "cache_dir", None):
+        cache = args.cache_dir.resolve()
+        config = dataclasses.replace(config, cache_dir=cache, cache_dir_from="--cache-dir")
+    if getattr(args, "plugin", None):
+        plugins = tuple(parse_suite_path(p) for p in args.plugin)
+        config = dataclasses.replace(config, plugins=plugins)
+    return config
 
 
 def load_config(pyproject: Path | None = None, *, project_dir: Path | None = None) -> Config:

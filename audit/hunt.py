@@ -13,7 +13,6 @@ a vLLM bug nobody has written up yet or a fault of the harness, for a person to 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import re
 import secrets
 from collections.abc import Mapping, Sequence
@@ -22,7 +21,7 @@ from pathlib import Path
 
 from audit import outputs
 from audit.arguments import Parser, whole_number
-from audit.config import Config, load_config
+from audit.config import Config, config_from_arguments
 from audit.errors import ConfigError, ExitCode
 from audit.files import write_text
 
@@ -119,12 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
 def hunt_options(argv: Sequence[str] | None, environ: Mapping[str, str]) -> HuntOptions:
     """The hunt's options from its command line, the environment and the configuration."""
     args = build_parser().parse_args(argv)
-    pyproject = args.config
-    if pyproject is None and Path("pyproject.toml").is_file():
-        pyproject = Path("pyproject.toml")
-    config = load_config(pyproject.resolve() if pyproject else None)
-    if args.reports:
-        config = dataclasses.replace(config, reports_dir=args.reports.resolve())
+    config = config_from_arguments(args)
     return HuntOptions(
         config=config,
         seconds=args.seconds or seconds_from(environ),
