@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from audit.baseline_cache import CachedBaseline
@@ -42,11 +43,15 @@ def start_baseline(
     work: Path,
     findings: tuple[Finding, ...] = (),
     version: str = "",
+    meanwhile: Callable[[], object] | None = None,
 ) -> tuple[BaselineRun, WarmSession | None]:
     """Run the suite once under coverage; raise unless every selected test is green or
     fails as a known bug of this vLLM ``version`` (a finding, :mod:`audit.findings`).
 
-    On success the test process stays, warm, as a :class:`WarmSession`.
+    On success the test process stays, warm, as a :class:`WarmSession`. ``meanwhile``
+    is called once the test process has started: work of this process that needs no
+    baseline, done while the test process imports vLLM (which takes most of a core
+    for seconds) instead of after it.
     """
     logs = config.reports_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -77,6 +82,12 @@ def start_baseline(
         process = spawn(config, suite, spec_file, pass_fds=(read_end,))
         os.close(read_end)
         session = WarmSession(process, write_end, log)
+        if meanwhile is not None:
+            try:
+                meanwhile()
+            except BaseException:
+                session.close()
+                raise
         returncode: int | None = None
         for line in session.lines():
             out.write(line)

@@ -101,7 +101,8 @@ def run(args: argparse.Namespace) -> ExitCode:
             print(f"{region.name:<16} {len(region.lines):>4} lines  {spans}")
         return ExitCode.OK
 
-    stage = baseline(prepared, entries, reuse=args.command == "mutate" and not args.no_cache)
+    mutating = args.command == "mutate"
+    stage = baseline(prepared, entries, reuse=mutating and not args.no_cache, prime=mutating)
     reports = config.reports_dir
     if args.command == "coverage":
         stage.close()
@@ -164,11 +165,15 @@ def mutate(
 
 
 def baseline(
-    prepared: pipeline.Prepared, entries: tuple[SuitePath, ...], *, reuse: bool
+    prepared: pipeline.Prepared,
+    entries: tuple[SuitePath, ...],
+    *,
+    reuse: bool,
+    prime: bool = False,
 ) -> pipeline.CoverageStage:
     """The baseline stage; with ``reuse``, say whether it ran, and why: the inputs
-    that changed since the last run kept."""
-    stage = pipeline.coverage(prepared, entries, reuse=reuse)
+    that changed since the last run kept. ``prime``: generate the mutants meanwhile."""
+    stage = pipeline.coverage(prepared, entries, reuse=reuse, prime=prime)
     if not reuse:
         return stage
     if stage.reused:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -48,6 +48,7 @@ from audit.errors import ConfigError, RunInterrupted
 from audit.files import write_json
 from audit.findings import Finding, load_findings
 from audit.gate import GateResult, evaluate
+from audit.generation import generate_cached
 from audit.jobs import ExecutorOptions
 from audit.merge import merged_results
 from audit.model import (
@@ -207,11 +208,16 @@ def load_entries(config: Config) -> tuple[Entry, ...]:
 
 
 def coverage(
-    prepared: Prepared, suite_entries: tuple[SuitePath, ...] = (), *, reuse: bool = False
+    prepared: Prepared,
+    suite_entries: tuple[SuitePath, ...] = (),
+    *,
+    reuse: bool = False,
+    prime: bool = False,
 ) -> CoverageStage:
     """The baseline under coverage. ``reuse``: read it from the baseline cache when
     every input is as it was (no test process then starts); a run is kept there
-    either way."""
+    either way. ``prime``: mutants follow, so their generation is done while the
+    test process starts (:func:`prime_mutations`)."""
     config = prepared.config
     work = outputs.scratch(config.reports_dir)
     outputs.claim(config.reports_dir, "logs/baseline.log")  # written by start_baseline
@@ -233,7 +239,10 @@ def coverage(
         why: tuple[str, ...] = ()
     else:
         why = tuple(cache.changed_since_last(inputs)) if reuse else ("asked for a run",)
-        run, warm = start_baseline(config, suite, prepared.target, work, prepared.findings, version)
+        meanwhile = (lambda: prime_mutations(prepared)) if prime else None
+        run, warm = start_baseline(
+            config, suite, prepared.target, work, prepared.findings, version, meanwhile
+        )
         cache.save(inputs, run, run.exit_code)
     try:
         after = environment.verify_untouched(prepared.vllm, config.target)
@@ -590,6 +599,22 @@ def _changed_mutants(
         near=changed.lines,
         cache_dir=mutations_cache(prepared.config),
     )
+
+
+def prime_mutations(prepared: Prepared) -> None:
+    """Make mutmut's mutations of every function a run of ``prepared`` may judge, into
+    the mutations cache, so that :func:`mutmut_mutants` reads them back. Generation
+    needs no baseline, so this runs while the baseline's test process imports vLLM:
+    on a cold cache, seconds of the parent's work off the run's critical path."""
+    source = prepared.target.path.read_text(encoding="utf-8")
+    functions: Iterable[str]
+    if prepared.changed is not None:
+        functions = changes.functions_holding(source, prepared.changed.lines)
+    elif prepared.scope == scopes.FILE:
+        functions = scopes.all_functions(source)
+    else:  # every region's: --region only narrows which of them are judged
+        functions = {f for region in prepared.regions for f in region.functions}
+    generate_cached(source, functions, mutations_cache(prepared.config))
 
 
 def mutations_cache(config: Config) -> Path:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from audit import alone, coverage_map, deep, executor
+from audit import alone, baseline, coverage_map, deep, executor
 from audit.baseline import start_baseline
 from audit.config import (
     Config,
@@ -137,6 +137,50 @@ def test_judging_in_the_warm_baseline_process_gives_the_same_verdicts(toy: Toy) 
     log = (toy.config.reports_dir / "logs" / "mutants.log").read_text()
     (warmed,) = [e for e in map(parse_event, log.splitlines()) if isinstance(e, Warmed)]
     assert warmed.tests == 0  # no second warm-up: the baseline was it
+
+
+def test_work_given_to_the_baseline_runs_while_its_test_process_runs(
+    toy: Toy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`mutate` generates its mutants while the baseline's test process starts: the
+    work is done before the baseline is; if it fails, the test process is ended."""
+    work = toy.config.reports_dir / ".work"
+    target = Target("toypkg.fence", toy.path, toy.path, sha256_file(toy.path))
+    suite = stage_suite(
+        toy.config,
+        TestSource(root=toy.root, origin="toy"),
+        (SuitePath("vllm", "tests/test_fence.py"),),
+        work,
+    )
+    sessions: list[baseline.WarmSession] = []
+
+    class Recorded(baseline.WarmSession):
+        def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+            super().__init__(*args, **kwargs)
+            sessions.append(self)
+
+    monkeypatch.setattr(baseline, "WarmSession", Recorded)
+    seen: list[bool] = []
+
+    def meanwhile() -> None:
+        (session,) = sessions
+        seen.append(session.process.poll() is None and not (work / "baseline.coverage").exists())
+
+    run, session = start_baseline(toy.config, suite, target, work, meanwhile=meanwhile)
+    assert session is not None
+    session.close()
+    assert seen == [True]  # called once, before the baseline had written its coverage
+    assert run.exit_code == 0
+    assert run.tests
+
+    def failing() -> None:
+        raise RuntimeError("generation failed")
+
+    sessions.clear()
+    with pytest.raises(RuntimeError, match="generation failed"):
+        start_baseline(toy.config, suite, target, work, meanwhile=failing)
+    (session,) = sessions
+    assert session.process.poll() is not None  # ended and collected, not left running
 
 
 def test_the_audited_file_is_never_written(toy: Toy) -> None:
