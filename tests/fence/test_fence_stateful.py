@@ -126,6 +126,10 @@ def _can(action: str) -> Any:
 
 
 FINAL_TAIL_TOLERANCE = (FINAL_SLIDING_WINDOW_TAIL,) if has_bug("final-sliding-window-tail") else ()
+# A release with multiconnector-allocation-unseen lets the other connector of a
+# MultiConnector load into a block a store still reads: on such a release any program
+# with the remote source could stop on that known bug, so the source stays off there.
+REMOTE_SOURCE = not has_bug("multiconnector-allocation-unseen")
 
 
 class FenceMachine(RuleBasedStateMachine):
@@ -193,7 +197,7 @@ class FenceMachine(RuleBasedStateMachine):
             # the second rank reports in step with the first, or up to 3 steps late
             second_worker_lag=second_worker_lag,
             delay=delay,
-            remote_source=remote_source,
+            remote_source=remote_source and REMOTE_SOURCE,
             # vLLM's default checkpoint retention, or dense (which brings in the
             # final sliding-window tail); an EAGLE drafter's sliding-window group
             retention_interval=retention,
