@@ -9,8 +9,9 @@ one run, it times
       tests it truly needs (its killer if killed, every covering test if not),
       divided by the workers,
   (e) what a user waits for: ``fence-audit mutate`` end to end in a new process, from
-      caches holding nothing but vLLM's tests (generation, baseline, mutants,
-      reports), then the same command again with nothing changed (the no-op),
+      caches holding nothing but vLLM's tests and vLLM's own home (generation,
+      baseline, mutants, reports), then the same command again with nothing changed
+      (the no-op),
 and writes ``reports/bench.json``. Timing claims in this project come from here.
 """
 
