@@ -252,7 +252,7 @@ def check_random_alone(config: Config, args: argparse.Namespace, flag: str) -> N
 
 def check_file_scope(config: Config, args: argparse.Namespace) -> None:
     """``--scope file``: every mutant of the module, what no region holds in a group."""
-    if args.since is not None:
+    if getattr(args, "since", None) is not None:  # bench has --scope but no --since
         raise ConfigError(
             "--scope file and --since do not go together: pull-request mode already judges "
             "the changed code outside the regions",

@@ -10,7 +10,9 @@ import pytest
 from test_changes import PATH, REGIONS, SOURCE, line_of
 
 from audit import scope
-from audit.config import GateThresholds
+from audit.arguments import build_parser
+from audit.cli import check_file_scope
+from audit.config import GateThresholds, load_config
 from audit.errors import ConfigError, ExitCode
 from audit.gate import evaluate
 from audit.html_report import render_region
@@ -159,3 +161,20 @@ def test_a_damaged_scope_is_refused_naming_the_field(tmp_path: Path, change, fie
     with pytest.raises(ConfigError) as error:
         load_results(path)
     assert field in error.value.summary
+
+
+@pytest.mark.parametrize(
+    ("argv", "refused"),
+    [
+        (["mutate", "--scope", "file"], False),
+        (["bench", "--scope", "file"], False),  # bench has --scope and no --since
+        (["mutate", "--scope", "file", "--vllm-src", "v", "--since", "HEAD~1"], True),
+    ],
+)
+def test_file_scope_is_checked_for_every_command_that_has_it(argv, refused) -> None:  # type: ignore[no-untyped-def]
+    args = build_parser().parse_args(argv)
+    if refused:
+        with pytest.raises(ConfigError, match="--since"):
+            check_file_scope(load_config(), args)
+    else:
+        check_file_scope(load_config(), args)
