@@ -97,6 +97,8 @@ MIXED_BLOCK_SIZES = [(BLOCK, BLOCK), (8, 4), (BLOCK, 2), (BLOCK, 8)]
 
 MAX_TAIL = 10
 MAX_TOKENS = 10
+# The longest request of a program; the pool is sized to fit it (_fitting_pool).
+LONGEST = max(map(len, PREFIXES)) + MAX_TAIL + MAX_TOKENS
 
 
 def _fitting_pool(layout: str, block_sizes: tuple[int, int] = (BLOCK, BLOCK)) -> int:
@@ -107,10 +109,9 @@ def _fitting_pool(layout: str, block_sizes: tuple[int, int] = (BLOCK, BLOCK)) ->
     group needs every block of a prompt it prefills in one step (it frees the ones
     left behind afterwards): as many as full attention would at its block size.
     """
-    longest = max(map(len, PREFIXES)) + MAX_TAIL + MAX_TOKENS
     full, sliding = block_sizes
     groups = {"full": [full], "sliding": [sliding], "mixed": [full, sliding]}[layout]
-    return 1 + sum(-(-longest // size) for size in groups)
+    return 1 + sum(-(-LONGEST // size) for size in groups)
 
 
 # Swarm testing (Groce et al., "Swarm testing", ISSTA 2012): each program enables a
@@ -233,6 +234,38 @@ class FenceMachine(RuleBasedStateMachine):
         if not self.engine.remote_source:
             remote = 0
         self.engine.add_request(prompt, max_tokens, remote_tokens=remote)
+
+    @precondition(lambda self: self.engine is not None and self.engine.scheduler.has_requests())
+    @rule(
+        wait=st.integers(1, 6),
+        tail=st.integers(0, 3),
+        max_tokens=st.integers(1, 4),
+    )
+    def follow_up(self, wait: int, tail: int, max_tokens: int) -> None:
+        """A chat client's next turn: step until a request finishes (at most ``wait``
+        steps), then at once add a request whose prompt is that one's prompt and
+        output plus a new tail.
+
+        The new request hits the finished one's blocks in the GPU prefix cache in
+        the very step that builds its final store (its last chunk, or a store the
+        CPU tier refused while it ran): the store's source blocks are handed out in
+        the step the store is created, the case of the inline flush of vLLM PR
+        #48596 (the brief's A2) and of the worker popping a flushed job of the same
+        step. Found by the random workloads only by luck without this rule.
+        """
+        engine = self.engine
+        assert engine is not None
+        before = {r for r, q in engine.requests.items() if q.is_finished()}
+        for _ in range(wait):
+            engine.step()
+            done = sorted(r for r, q in engine.requests.items() if q.is_finished())
+            finished = [r for r in done if r not in before]
+            if finished:
+                history = list(engine.requests[finished[0]].all_token_ids)
+                prompt = history + list(range(self.next_tail, self.next_tail + tail))
+                self.next_tail += tail
+                engine.add_request(prompt[: LONGEST - max_tokens], max_tokens)
+                return
 
     @precondition(_live)
     @rule(steps=st.integers(1, 4))
