@@ -144,7 +144,9 @@ class FenceMachine(RuleBasedStateMachine):
         async_scheduling=st.booleans(),
         spare_blocks=st.integers(0, 12),
         cpu_chunks=st.integers(1, 24),
-        workers=st.sampled_from([1, 1, 2]),
+        # one rank; two that both write (the second reports late); or a replicated
+        # layout's two, rank 1 a non-writer that acknowledges stores it never runs
+        ranks=st.sampled_from(["one", "one", "two", "replicated"]),
         second_worker_lag=st.integers(0, 3),
         blocks_per_chunk=st.sampled_from([1, 1, 2, 3]),
         window_blocks=st.integers(1, 3),
@@ -162,7 +164,7 @@ class FenceMachine(RuleBasedStateMachine):
         async_scheduling: bool,
         spare_blocks: int,
         cpu_chunks: int,
-        workers: int,
+        ranks: str,
         second_worker_lag: int,
         blocks_per_chunk: int,
         window_blocks: int,
@@ -190,9 +192,10 @@ class FenceMachine(RuleBasedStateMachine):
             blocks_per_chunk=blocks_per_chunk,
             async_scheduling=async_scheduling,
             cpu_chunks=cpu_chunks,
-            workers=workers,
+            workers=1 if ranks == "one" else 2,
             # the second rank reports in step with the first, or up to 3 steps late
             second_worker_lag=second_worker_lag,
+            second_rank_writes=ranks != "replicated",
             delay=delay,
             remote_source=remote_source,
             # vLLM's default checkpoint retention, or dense (which brings in the
@@ -244,14 +247,17 @@ class FenceMachine(RuleBasedStateMachine):
     def follow_up(self, wait: int, tail: int, max_tokens: int) -> None:
         """A chat client's next turn: step until a request finishes (at most ``wait``
         steps), then at once add a request whose prompt is that one's prompt and
-        output plus a new tail.
+        output plus a new tail, as long as the longest request.
 
-        The new request hits the finished one's blocks in the GPU prefix cache in
-        the very step that builds its final store (its last chunk, or a store the
-        CPU tier refused while it ran): the store's source blocks are handed out in
-        the step the store is created, the case of the inline flush of vLLM PR
-        #48596 (the brief's A2) and of the worker popping a flushed job of the same
-        step. Found by the random workloads only by luck without this rule.
+        The case it is for: a finished request's final store (its last chunk, with
+        async scheduling, or a store the CPU tier refused while it ran) whose source
+        blocks the same step hands out again, so the store is flushed the step it is
+        created (the inline flush of vLLM PR #48596, the brief's A2, and the worker
+        popping that job). A long new request takes the whole free queue, the
+        finished request's blocks last (they are in the GPU prefix cache) when it is
+        admitted; a short one sharing the whole history would hit the final chunk
+        and store it itself, so the finished request would have nothing left to
+        store. Without this rule the random workloads met the case only by luck.
         """
         engine = self.engine
         assert engine is not None
@@ -262,6 +268,7 @@ class FenceMachine(RuleBasedStateMachine):
             finished = [r for r in done if r not in before]
             if finished:
                 history = list(engine.requests[finished[0]].all_token_ids)
+                tail = max(tail, LONGEST - max_tokens - len(history))
                 prompt = history + list(range(self.next_tail, self.next_tail + tail))
                 self.next_tail += tail
                 engine.add_request(prompt[: LONGEST - max_tokens], max_tokens)
