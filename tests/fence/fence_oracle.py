@@ -271,8 +271,8 @@ class ZeroingCheck:
         sliding = [i for i, c in enumerate(configs) if c.sliding_window_size_in_chunks is not None]
         if not sliding:
             return []
-        handed = self._handed_out(record)
         full = _full_tables(record.output)
+        handed = self._handed_out(record, full)
         # where each list's pending positions began when this step's schedule ran
         starts = {
             (req_id, i): progress[i] * sched.config.blocks_per_chunk
@@ -319,12 +319,16 @@ class ZeroingCheck:
         self.tables = record.tables
         return found
 
-    def _handed_out(self, record: Any) -> dict[int, set[tuple[str, int, int]]]:
+    def _handed_out(self, record: Any, full: set[str]) -> dict[int, set[tuple[str, int, int]]]:
         """Each block vLLM handed to a place since the previous step's schedule:
-        in this schedule, or between steps (a deferred load's allocation)."""
+        in this schedule, or between steps (a deferred load's allocation); and every
+        block of a whole table the step carries (``full``). That last is how the
+        connector sees it (brief B.1): a request admitted once its remote load is in
+        got its blocks steps ago, prefix hits shared with others among them, and a
+        pending position holding one is zeroed (conservatively: same data)."""
         handed = {block: set(places) for block, places in record.allocated.items()}
         for place, block in record.tables.items():
-            if self.tables.get(place) != block:
+            if self.tables.get(place) != block or place[0] in full:
                 handed.setdefault(block, set()).add(place)
         return handed
 
