@@ -3,8 +3,9 @@
 Hypothesis drives a rule-based state machine: requests of random lengths arrive
 (some sharing a prefix, so the GPU prefix cache and the CPU tier both hit), steps
 run, requests are aborted or preempted, transfers complete after random delays or
-are held, caches are reset, every running request is preempted at once; pools and
-the CPU tier are tight. Each program enables a random subset of those actions
+are held, caches are reset, every running request is preempted at once, a client
+sends its next turn the moment an answer arrives; pools and the CPU tier are tight,
+and a two-rank engine's second rank may be a non-writer (a replicated layout). Each program enables a random subset of those actions
 (swarm testing), and a hybrid layout may give its two groups different block sizes.
 After every step the oracle (``fence_oracle``) checks the invariants and the harness
 checks that no block is overwritten while a store still reads it. At the end every
