@@ -5,8 +5,9 @@ Hypothesis drives a rule-based state machine: requests of random lengths arrive
 run, requests are aborted or preempted, transfers complete after random delays or
 are held, caches are reset, every running request is preempted at once, a client
 sends its next turn the moment an answer arrives; pools and the CPU tier are tight,
-and a two-rank engine's second rank may be a non-writer (a replicated layout). Each program enables a random subset of those actions
-(swarm testing), and a hybrid layout may give its two groups different block sizes.
+and a two-rank engine's second rank may be a non-writer (a replicated layout). Each
+program enables a random subset of those actions (swarm testing), and a hybrid
+layout may give its two groups different block sizes.
 After every step the oracle (``fence_oracle``) checks the invariants and the harness
 checks that no block is overwritten while a store still reads it. At the end every
 transfer is released and the fence must drain to nothing.
@@ -257,7 +258,7 @@ class FenceMachine(RuleBasedStateMachine):
         self.engine.add_request(prompt, max_tokens, remote_tokens=remote)
 
     @precondition(lambda self: self.engine is not None and self.engine.scheduler.has_requests())
-    @rule(wait=st.integers(1, 6), tail=st.integers(0, 3))
+    @rule(wait=st.integers(1, 4), tail=st.integers(0, 3))
     def follow_up(self, wait: int, tail: int) -> None:
         """A chat client's next turn: step until a request finishes (at most ``wait``
         steps), then at once add a request that opens with the first half of that
