@@ -127,6 +127,7 @@ class FenceEngine:
         cpu_chunks: int = 64,
         workers: int = 1,
         second_worker_lag: int = 1,
+        second_rank_writes: bool = True,
         delay: Delay | Callable[[int, bool], Delay] = 0,
         max_num_batched_tokens: int = 64,
         request_level: bool = False,
@@ -184,6 +185,7 @@ class FenceEngine:
             remote_source=remote_source,
             workers=workers,
             second_worker_lag=second_worker_lag,
+            second_rank_writes=second_rank_writes,
         )
         self.worker = self.worker_side.worker
         self.worker.engine = self

@@ -163,6 +163,7 @@ class FenceOracle:
     def __init__(self, *, raise_now: bool = True) -> None:
         self.raise_now = raise_now
         self.violations: list[Violation] = []
+        self.zeroing = ZeroingCheck()
 
     def __call__(self, engine: Any) -> None:
         record = engine.history[-1]
@@ -170,6 +171,7 @@ class FenceOracle:
             engine.connector, record.step, reset_pending=engine.reset_since_last_step
         )
         found += self._check_step(engine, record)
+        found += self.zeroing(engine.connector, record)
         self.violations += found
         if found and self.raise_now:
             raise FenceViolation(found)
@@ -240,3 +242,109 @@ class FenceOracle:
 
 def _places(places: Iterable[tuple[str, int, int]]) -> str:
     return ", ".join(f"request {r} group {g} block index {i}" for r, g, i in sorted(places))
+
+
+class ZeroingCheck:
+    """I8b both ways, on each tracked request's sliding-window block lists.
+
+    Safety: a pending position (from the store progress the step began with) does
+    not keep the id of a block vLLM handed to another place this step. The content
+    model sees a kept stale id only if a store then reads it; this sees it at once
+    (catalogue: sliding-window-window-skips-last).
+
+    Completeness: the connector forgets an id (zeroes it: its chunk is not stored)
+    only when vLLM has just handed that block to another place, and it holds every
+    id vLLM hands the request as vLLM hands it. A connector that zeroes too much is
+    safe, so invisible to every other check: it only stores less (catalogue:
+    sliding-window-zero-inverted, sliding-window-end-after-extend).
+
+    The lists are compared with their copy from the previous step and with the
+    KV-cache manager's tables, not with the connector's own bookkeeping.
+    """
+
+    def __init__(self) -> None:
+        self.lists: dict[tuple[str, int], list[int]] = {}  # (request, group config) -> ids
+        self.tables: dict[tuple[str, int, int], int] = {}  # the previous step's
+
+    def __call__(self, sched: Any, record: Any) -> list[Violation]:
+        configs = sched.config.kv_group_configs
+        sliding = [i for i, c in enumerate(configs) if c.sliding_window_size_in_chunks is not None]
+        if not sliding:
+            return []
+        full = _full_tables(record.output)
+        handed = self._handed_out(record, full)
+        # where each list's pending positions began when this step's schedule ran
+        starts = {
+            (req_id, i): progress[i] * sched.config.blocks_per_chunk
+            for req_id, progress in record.stored_before.items()
+            for i in sliding
+        }
+        found: list[Violation] = []
+        lists: dict[tuple[str, int], list[int]] = {}
+        for req_id, status in sched._req_status.items():
+            for i in sliding:
+                current = list(status.group_states[i].block_ids)
+                lists[(req_id, i)] = current
+                group = configs[i].group_idx
+                previous = self.lists.get((req_id, i))
+                if req_id in full or previous is None:
+                    previous = []  # the whole list is this step's
+                elif len(current) < len(previous):
+                    continue  # rebuilt (a lookup clears it): not this check's business
+                for j, block in enumerate(current):
+                    place = (req_id, group, j)
+                    if j >= len(previous):
+                        given = record.tables.get(place, 0)
+                        if block != given:
+                            why = f"vLLM handed it block {given} there, the connector holds {block}"
+                            found.append(self._violation(record.step, place, why, block))
+                    elif block == previous[j]:
+                        others = handed.get(block, set()) - {place}
+                        if block and j >= starts.get((req_id, i), len(current)) and others:
+                            why = (
+                                f"its pending id {block} is kept though vLLM handed the block "
+                                f"to {_places(others)} this step"
+                            )
+                            found.append(self._violation(record.step, place, why, block))
+                    else:
+                        old = previous[j]
+                        if block == 0 and handed.get(old, set()) - {place}:
+                            continue  # re-allocated elsewhere: zeroed as it must be
+                        why = (
+                            f"the connector changed its id {old} to {block}, but vLLM handed "
+                            f"block {old} to no other place this step"
+                        )
+                        found.append(self._violation(record.step, place, why, old))
+        self.lists = lists
+        self.tables = record.tables
+        return found
+
+    def _handed_out(self, record: Any, full: set[str]) -> dict[int, set[tuple[str, int, int]]]:
+        """Each block vLLM handed to a place since the previous step's schedule:
+        in this schedule, or between steps (a deferred load's allocation); and every
+        block of a whole table the step carries (``full``). That last is how the
+        connector sees it (brief B.1): a request admitted once its remote load is in
+        got its blocks steps ago, prefix hits shared with others among them, and a
+        pending position holding one is zeroed (conservatively: same data)."""
+        handed = {block: set(places) for block, places in record.allocated.items()}
+        for place, block in record.tables.items():
+            if self.tables.get(place) != block or place[0] in full:
+                handed.setdefault(block, set()).add(place)
+        return handed
+
+    @staticmethod
+    def _violation(step: int, place: tuple[str, int, int], why: str, block: int) -> Violation:
+        return Violation(
+            "I8b zeroing only what is handed on", step, f"{_places({place})}: {why}", block
+        )
+
+
+def _full_tables(output: Any) -> set[str]:
+    """The requests whose whole block table this step's output carries (new and
+    resumed ones): the connector rebuilds their lists."""
+    cached = output.scheduled_cached_reqs
+    resumed = getattr(cached, "resumed_req_ids", None)
+    if resumed is None:  # older releases: a flag per request
+        flags = getattr(cached, "resumed_from_preemption", ())
+        resumed = {r for r, flag in zip(cached.req_ids, flags, strict=False) if flag}
+    return {r.req_id for r in output.scheduled_new_reqs} | set(resumed)

@@ -124,6 +124,29 @@ class FakeTransferWorker(OffloadingWorker):
         return done
 
 
+class ReplicaTransferWorker(OffloadingWorker):
+    """The transfer worker of a non-writer rank (a replicated layout's rank > 0).
+
+    Its blocks are byte-identical to rank 0's, which alone writes the shared copy:
+    the connector acknowledges the rank's stores without handing them here, and
+    the harness echoes rank 0's loads for it (:class:`fence_workers.SecondRank`).
+    So it is only ever asked to wait, on jobs rank 0 runs."""
+
+    def submit_store(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:
+        raise AssertionError(f"a non-writer rank submitted store job {job_id}")
+
+    def submit_load(
+        self, job_id: int, src_spec: Any, dst_spec: Any, expedited: bool = False
+    ) -> bool:
+        raise AssertionError(f"load job {job_id} reached the non-writer rank's worker")
+
+    def wait(self, job_ids: set[int]) -> None:
+        return None
+
+    def get_finished(self) -> list[TransferResult]:
+        return []
+
+
 class RequestLevelCPUManager(CPUOffloadingManager):
     """The CPU tier, asking for every chunk of every request (``REQUEST_LEVEL``), as a
     tier that needs a request's whole KV context does: prefix hits are stored too."""
@@ -140,6 +163,10 @@ class FenceOffloadingSpec(OffloadingSpec):
         super().__init__(config)
         self._manager: OffloadingManager | None = None
         self.worker = FakeTransferWorker()
+        # as vLLM's CPU spec does when its ranks share one host copy: the connector
+        # then lets only rank 0 write it
+        # (vLLM 0.28.0-0.32.0 configs may lack the field)
+        self.replicated_layout = bool(getattr(config, "replicated_layout", False))
 
     def get_manager(self) -> OffloadingManager:
         if self._manager is None:
@@ -153,4 +180,10 @@ class FenceOffloadingSpec(OffloadingSpec):
         return self._manager
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
+        if (
+            self.replicated_layout
+            and getattr(self.config, "parallel", None)
+            and self.config.parallel.rank
+        ):
+            return ReplicaTransferWorker()
         return self.worker

@@ -9,6 +9,7 @@ preemptions, loads, the forward pass, stores, transfer progress and the output.
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from collections.abc import KeysView, Mapping
 from typing import TYPE_CHECKING, Any
@@ -19,14 +20,22 @@ from fence_config import EngineConfig
 from fence_transfers import FakeTransferWorker, FenceOffloadingSpec
 from vllm.config import set_current_vllm_config
 from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorWorkerMetadata
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorMetadata,
+    KVConnectorWorkerMetadata,
+)
 from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (
     MultiConnector,
+    MultiKVConnectorMetadata,
     MultiKVConnectorWorkerMetadata,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
+    OffloadingConnectorMetadata,
     OffloadingWorkerMetadata,
     TransferJob,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.worker import (
+    OffloadingConnectorWorker,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import (
     OffloadingConnector,
@@ -53,6 +62,7 @@ class WorkerSide:
         remote_source: bool,
         workers: int,
         second_worker_lag: int,
+        second_rank_writes: bool = True,
     ) -> None:
         self.requests = requests
         worker_cls = MultiConnector if remote_source else OffloadingConnector
@@ -76,8 +86,15 @@ class WorkerSide:
         spec = offloading.connector_worker.spec
         assert isinstance(spec, FenceOffloadingSpec)
         self.worker: FakeTransferWorker = spec.worker
+        replica = (
+            _non_writer_rank(offloading.connector_worker, config, caches)
+            if workers > 1 and not second_rank_writes
+            else None
+        )
         self.second_rank = (
-            SecondRank(second_worker_lag, load_jobs, remote_source) if workers > 1 else None
+            SecondRank(second_worker_lag, load_jobs, remote_source, replica)
+            if workers > 1
+            else None
         )
         self._ctx = ForwardContext(no_compile_layers={}, attn_metadata={}, slot_mapping={})
 
@@ -102,6 +119,9 @@ class WorkerSide:
         """One step, in the model runner's order."""
         meta = output.kv_connector_metadata
         assert meta is not None
+        if self.second_rank is not None:
+            # its own copy, as every rank deserializes its own: rank 0 pops from it
+            self.second_rank.handle_preemptions(meta)
         self.connector.handle_preemptions(meta)
         self.connector.bind_connector_metadata(meta)
         self.connector.start_load_kv(self._ctx)
@@ -145,17 +165,77 @@ class WorkerSide:
         )
 
 
+def _non_writer_rank(
+    first: OffloadingConnectorWorker | None, config: EngineConfig, caches: dict[str, torch.Tensor]
+) -> OffloadingConnectorWorker | None:
+    """Rank 1 of a replicated layout (a pure-MLA model's ranks hold the same bytes, and
+    only rank 0 writes the shared host copy): vLLM's own worker-side connector,
+    which acknowledges every store without running it. None on a release that has no
+    non-writer ranks (its worker has no ``_is_store_writer``)."""
+    assert first is not None
+    spec_config = first.spec.config
+    if not hasattr(spec_config, "replicated_layout") or not hasattr(spec_config, "parallel"):
+        return None
+    replica_config = dataclasses.replace(
+        spec_config,
+        replicated_layout=True,
+        parallel=dataclasses.replace(spec_config.parallel, rank=1),
+    )
+    replica = OffloadingConnectorWorker(
+        FenceOffloadingSpec(replica_config), config.vllm, config.kv_cache
+    )
+    if getattr(replica, "_is_store_writer", True):
+        return None
+    with set_current_vllm_config(config.vllm):
+        replica.register_kv_caches(caches)
+    return replica
+
+
 class SecondRank:
     """A second worker rank: it reports each job ``lag`` steps after the first (it ran
     the same transfer, a little slower). A request whose load finished counts as
-    loaded only once both ranks have said so, as vLLM's output aggregator does."""
+    loaded only once both ranks have said so, as vLLM's output aggregator does.
 
-    def __init__(self, lag: int, load_jobs: Mapping[int, TransferJob], remote_source: bool):
+    With ``replica`` (a non-writer rank, see :func:`_non_writer_rank`), stores are
+    that real connector's business: it acknowledges them itself, at once, flushed
+    ones included (``handle_preemptions``); only loads are echoed."""
+
+    def __init__(
+        self,
+        lag: int,
+        load_jobs: Mapping[int, TransferJob],
+        remote_source: bool,
+        replica: OffloadingConnectorWorker | None = None,
+    ):
         self.lag = lag
         self.load_jobs = load_jobs
         self.remote_source = remote_source
+        self.replica = replica
+        self.replica_meta: OffloadingConnectorMetadata | None = None
         self.echo: list[tuple[int, int]] = []  # (due step, job id), not yet reported
         self.held_recving: dict[int, str] = {}  # load job -> request, until it reports
+
+    def handle_preemptions(self, meta: KVConnectorMetadata) -> None:
+        """The step's metadata reaches the rank: a non-writer runs its flushes."""
+        if self.replica is None:
+            return
+        own = meta.metadata[0] if isinstance(meta, MultiKVConnectorMetadata) else meta
+        assert isinstance(own, OffloadingConnectorMetadata)
+        flush = own.jobs_to_flush
+        self.replica_meta = OffloadingConnectorMetadata(
+            load_jobs=dict(own.load_jobs),
+            store_jobs=dict(own.store_jobs),
+            jobs_to_flush=set(flush) if flush is not None else None,
+        )
+        self.replica.handle_preemptions(self.replica_meta)
+
+    def _replica_reports(self) -> OffloadingWorkerMetadata | None:
+        """The non-writer's acknowledgements of this step's stores (``wait_for_save``)."""
+        if self.replica is None or self.replica_meta is None:
+            return None
+        self.replica.prepare_store_kv(self.replica_meta)
+        self.replica_meta = None
+        return self.replica.build_connector_worker_meta()
 
     def report(
         self, meta: KVConnectorWorkerMetadata | None, recving: set[str] | None, step: int
@@ -167,7 +247,8 @@ class SecondRank:
         own = multi.metadata[0] if multi is not None else meta
         assert own is None or isinstance(own, OffloadingWorkerMetadata)
         for job_id in own.completed_jobs if own else ():
-            self.echo.append((step + self.lag, job_id))
+            if self.replica is None or job_id in self.load_jobs:
+                self.echo.append((step + self.lag, job_id))
         recving = set(recving or ())
         for job_id, job in self.load_jobs.items():
             if job.req_id in recving and any(j == job_id for _, j in self.echo):
@@ -179,6 +260,9 @@ class SecondRank:
         if due:
             echo = OffloadingWorkerMetadata(completed_jobs=dict.fromkeys(due, 1))
             own = own.aggregate(echo) if own else echo
+        acknowledged = self._replica_reports()
+        if acknowledged is not None:
+            own = own.aggregate(acknowledged) if own else acknowledged
         if not self.remote_source:
             return own, recving or None
         others = multi.metadata[1:] if multi is not None else (None,)
