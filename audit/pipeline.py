@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -562,20 +562,32 @@ def mutmut_mutants(
 ) -> MutantSet:
     if prepared.changed is not None:
         return _changed_mutants(prepared, regions, source, lines_to_tests)
-    functions, place = None, None  # the regions' functions, each mutant in its region
-    if prepared.scope == scopes.FILE:  # every function; what no region holds goes apart
+    place = None  # each mutant in its region
+    if prepared.scope == scopes.FILE:  # what no region holds goes apart
         fence = tuple(r for r in prepared.regions if r.name != scopes.OUTSIDE_REGIONS)
-        functions = scopes.all_functions(source)
         place = scopes.placer(fence, (r.name for r in regions))
     return build_mutants(
         source,
         str(prepared.target.path),
         regions,
         lines_to_tests,
-        functions=functions,
+        functions=mutated_functions(prepared, source, regions),
         place=place,
         cache_dir=mutations_cache(prepared.config),
     )
+
+
+def mutated_functions(
+    prepared: Prepared, source: str, regions: tuple[Region, ...]
+) -> tuple[str, ...]:
+    """The functions whose mutmut mutants a run judges: those holding changed lines
+    (pull-request mode), every function of the module (``--scope file``), or the
+    functions of ``regions``."""
+    if prepared.changed is not None:
+        return changes.functions_holding(source, prepared.changed.lines)
+    if prepared.scope == scopes.FILE:
+        return tuple(scopes.all_functions(source))
+    return tuple(sorted({f for region in regions for f in region.functions}))
 
 
 def _changed_mutants(
@@ -594,7 +606,7 @@ def _changed_mutants(
         str(prepared.target.path),
         regions,
         lines_to_tests,
-        functions=changes.functions_holding(source, changed.lines),
+        functions=mutated_functions(prepared, source, regions),
         place=changes.placer(changed, fence, (r.name for r in regions)),
         near=changed.lines,
         cache_dir=mutations_cache(prepared.config),
@@ -607,13 +619,8 @@ def prime_mutations(prepared: Prepared) -> None:
     needs no baseline, so this runs while the baseline's test process imports vLLM:
     on a cold cache, seconds of the parent's work off the run's critical path."""
     source = prepared.target.path.read_text(encoding="utf-8")
-    functions: Iterable[str]
-    if prepared.changed is not None:
-        functions = changes.functions_holding(source, prepared.changed.lines)
-    elif prepared.scope == scopes.FILE:
-        functions = scopes.all_functions(source)
-    else:  # every region's: --region only narrows which of them are judged
-        functions = {f for region in prepared.regions for f in region.functions}
+    # every region's: --region only narrows which of them are judged
+    functions = mutated_functions(prepared, source, prepared.regions)
     generate_cached(source, functions, mutations_cache(prepared.config))
 
 
