@@ -14,7 +14,12 @@ import dataclasses
 import pytest
 import torch
 from fence_harness import FenceOffloadingSpec, vllm_config
-from fence_oracle import FenceViolation, check_state
+from fence_oracle import FenceViolation, Violation, check_state
+from fence_profiles import profile
+from hypothesis import Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
+from test_fence_stateful import _plant
 from vllm import SamplingParams
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
     OffloadingWorkerMetadata,
@@ -26,7 +31,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import (
     OffloadingConnectorScheduler,
 )
 from vllm.utils.hashing import sha256
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.kv_cache_utils import (
+    KVCacheBlockCopy,
+    get_request_block_hasher,
+    init_none_hash,
+)
 from vllm.v1.core.sched import output as sched_output
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import (
@@ -36,7 +45,7 @@ from vllm.v1.kv_cache_interface import (
     MambaSpec,
 )
 from vllm.v1.outputs import KVConnectorOutput
-from vllm.v1.request import Request
+from vllm.v1.request import Request, RequestStatus
 
 BLOCK = 16
 
@@ -67,37 +76,44 @@ def _hand_offs(handoffs: dict[str, list[tuple[int, int, int]]]) -> SchedulerOutp
     return output
 
 
+def recurrent_scheduler() -> OffloadingConnectorScheduler:
+    """The real connector scheduler over a full-attention plus Mamba "align" layout
+    (64 GPU blocks of ``BLOCK`` tokens), partial tails on."""
+    config = vllm_config(block_size=BLOCK, num_gpu_blocks=64)
+    config.cache_config.prefix_match_unit = 4  # fine-grained hits: partial tails
+    kv_cache_config = KVCacheConfig(
+        num_blocks=64,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            KVCacheGroupSpec(
+                ["full"],
+                FullAttentionSpec(
+                    block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32
+                ),
+            ),
+            KVCacheGroupSpec(
+                ["mamba"],
+                MambaSpec(
+                    block_size=BLOCK,
+                    shapes=((1, 1),),
+                    dtypes=(torch.float32,),
+                    mamba_cache_mode="align",
+                ),
+            ),
+        ],
+    )
+    spec = FenceOffloadingSpec(build_offloading_config(config, kv_cache_config))
+    sched = OffloadingConnectorScheduler(spec, config, kv_cache_config)
+    assert sched.config.supports_partial_tail
+    init_none_hash(sha256)
+    return sched
+
+
 class Recurrent:
     """The connector's scheduler side, one request, and a step counter."""
 
     def __init__(self) -> None:
-        config = vllm_config(block_size=BLOCK, num_gpu_blocks=64)
-        config.cache_config.prefix_match_unit = 4  # fine-grained hits: partial tails
-        kv_cache_config = KVCacheConfig(
-            num_blocks=64,
-            kv_cache_tensors=[],
-            kv_cache_groups=[
-                KVCacheGroupSpec(
-                    ["full"],
-                    FullAttentionSpec(
-                        block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32
-                    ),
-                ),
-                KVCacheGroupSpec(
-                    ["mamba"],
-                    MambaSpec(
-                        block_size=BLOCK,
-                        shapes=((1, 1),),
-                        dtypes=(torch.float32,),
-                        mamba_cache_mode="align",
-                    ),
-                ),
-            ],
-        )
-        spec = FenceOffloadingSpec(build_offloading_config(config, kv_cache_config))
-        self.sched = OffloadingConnectorScheduler(spec, config, kv_cache_config)
-        assert self.sched.config.supports_partial_tail
-        init_none_hash(sha256)
+        self.sched = recurrent_scheduler()
         request = Request(
             request_id="req",
             prompt_token_ids=list(range(30)),
@@ -169,3 +185,241 @@ def test_hand_off_stores_stay_fenced_until_they_complete(first: str) -> None:
     r.complete(order[1])
     assert r.sched._block_id_to_pending_jobs == {}
     assert not r.sched._jobs
+
+
+# The random workloads of this layout. The engine-level machine
+# (test_fence_stateful.py) cannot reach these stores: the harness's engine has no
+# Mamba model runner. This machine plays the KV-cache manager's side by hand, as the
+# unit tests above do, with the choices drawn at random: requests arrive with their
+# tables, the scheduler hands off recurrent states mid-block (partial tails) and on
+# block boundaries into copy-on-write blocks, the manager hands freed blocks (fenced
+# or not) to new copies and to growing tables, requests finish, and the worker
+# completes the stores in any order. After every call the fence must hold exactly what
+# the live stores read (check_state), and a fenced block handed out again must flush
+# every store that reads it.
+
+POOL = range(1, 32)  # block 0 is the null block
+MAX_PROMPT = 4 * BLOCK
+MAX_REQUESTS = 3
+
+
+class RecurrentMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sched = recurrent_scheduler()
+        self.step = 0
+        self.requests: dict[str, Request] = {}  # live: not yet finished
+        self.held: dict[str, list[int]] = {}  # each live request's blocks, both groups
+        self.free = list(POOL)  # blocks no request holds, in the manager's free order
+        self.finishing: set[str] = set()  # finished since the last step
+        self.in_flight: set[int] = set()  # store jobs the worker still runs
+        self.made = 0
+
+    def _fenced(self) -> set[int]:
+        return set(self.sched._block_id_to_pending_jobs)
+
+    def _check(self) -> None:
+        found = check_state(self.sched, self.step)
+        if found:
+            raise FenceViolation(found)
+
+    def _run_step(self, output: SchedulerOutput, handed: dict[int, str]) -> None:
+        """One scheduler step: ``handed`` maps each block the manager hands to a new
+        owner in it to that owner. The worker waits for the flushed stores before
+        the forward pass, and reports them, with those that finished on their own,
+        at the step's end."""
+        self.step += 1
+        output.finished_req_ids = set(self.finishing)
+        before = {b: set(jobs) for b, jobs in self.sched._block_id_to_pending_jobs.items()}
+        meta = self.sched.build_connector_meta(output)
+        flushed = set(getattr(meta, "jobs_to_flush", ()) or ())
+        for block, owner in sorted(handed.items()):
+            missed = sorted(before.get(block, set()) - flushed)
+            if missed:
+                raise FenceViolation(
+                    [
+                        Violation(
+                            "I1/I2 flush on reuse",
+                            self.step,
+                            f"handed to {owner} while jobs {missed} still store it, and "
+                            "they are not in jobs_to_flush",
+                            block,
+                            missed[0],
+                        )
+                    ]
+                )
+        self._check()
+        self.in_flight |= set(meta.store_jobs)
+        self.finishing.clear()
+        self._complete(flushed & self.in_flight)
+
+    def _complete(self, jobs: set[int]) -> None:
+        if not jobs:
+            return
+        self.in_flight -= jobs
+        meta = OffloadingWorkerMetadata(completed_jobs=dict.fromkeys(sorted(jobs), 1))
+        self.sched.update_connector_output(KVConnectorOutput(kv_connector_worker_meta=meta))
+        self._check()
+
+    def _take(self, data: st.DataObject, *, fenced_ok: bool) -> int | None:
+        """A free block for a new owner; the fenced ones only where the step that
+        hands it out tells the connector (``fenced_ok``)."""
+        fenced = self._fenced()
+        choices = [b for b in self.free if fenced_ok or b not in fenced]
+        if not choices:
+            return None
+        # the manager reuses the blocks freed first; weighted towards the fenced
+        # ones, the reuse the fence is for; any free block now and then
+        hazards = [b for b in choices if b in fenced]
+        block = data.draw(st.sampled_from([choices[0], *hazards, *hazards, *choices]))
+        self.free.remove(block)
+        return block
+
+    @precondition(lambda self: len(self.requests) < MAX_REQUESTS)
+    @rule(data=st.data(), length=st.integers(4, MAX_PROMPT))
+    def add_request(self, data: st.DataObject, length: int) -> None:
+        """A request with its tables: full attention holds every block of the
+        prompt, Mamba only its running state (the null block before it)."""
+        req_id = f"req-{self.made}"
+        tokens = list(range(1000 * (self.made + 1), 1000 * (self.made + 1) + length))
+        self.made += 1
+        blocks = -(-length // BLOCK)
+        taken = [self._take(data, fenced_ok=False) for _ in range(blocks + 1)]
+        if None in taken:
+            self.free += [b for b in taken if b is not None]
+            return
+        table = [b for b in taken if b is not None]
+        request = Request(
+            request_id=req_id,
+            prompt_token_ids=tokens,
+            sampling_params=SamplingParams(max_tokens=4, ignore_eos=True),
+            pooling_params=None,
+            block_hasher=get_request_block_hasher(4, sha256),
+        )
+        request.num_computed_tokens = length
+        request.status = RequestStatus.RUNNING
+        self.sched.on_new_request(request)
+        state = self.sched._req_status[req_id]
+        state.group_states[0].block_ids[:] = table[:blocks]
+        state.group_states[1].block_ids[:] = [0] * (blocks - 1) + [table[blocks]]
+        self.requests[req_id] = request
+        self.held[req_id] = table
+
+    @precondition(lambda self: bool(self.requests) and bool(self.free))
+    @rule(data=st.data(), copy=st.booleans())
+    def hand_off(self, data: st.DataObject, copy: bool) -> None:
+        """The scheduler hands off a request's recurrent state at a token count
+        (mid-block: a partial tail; on a boundary: an aligned-boundary store) in a
+        copy-on-write block, which goes back to the free blocks after the step. With
+        ``copy``, the step's block copies write that block (and the connector must
+        flush a store still reading it); without, the manager picks an unfenced one."""
+        req_id = data.draw(st.sampled_from(sorted(self.requests)))
+        length = self.requests[req_id].num_prompt_tokens
+        # vLLM 0.28.0 hands off mid-block states only (no aligned-boundary stores)
+        points = [t for t in range(4, length + 1, 4) if HAS_BOUNDARY_STORES or t % BLOCK]
+        if not points:
+            return
+        tokens = data.draw(st.sampled_from(points))
+        block = self._take(data, fenced_ok=copy and HAS_BOUNDARY_STORES)
+        if block is None:
+            return
+        output = _hand_offs({req_id: [(1, block, tokens)]})
+        handed = {}
+        if copy and HAS_BOUNDARY_STORES:
+            output.kv_cache_block_copies = [KVCacheBlockCopy(self.held[req_id][-1], block)]
+            handed[block] = f"a copy-on-write copy of {req_id}'s state"
+        self._run_step(output, handed)
+        self.free.append(block)
+
+    @precondition(lambda self: bool(self.free))
+    @rule(data=st.data(), how=st.sampled_from(["copy", "table"]))
+    def reuse(self, data: st.DataObject, how: str) -> None:
+        """The manager hands a free block, fenced or not, to a new owner: a block
+        copy's destination (vLLM 0.29.0 on; the block is free again after the step)
+        or a live request's growing attention table."""
+        if how == "copy" and not HAS_BOUNDARY_STORES:
+            return
+        if how == "table" and not self.requests:
+            return
+        block = self._take(data, fenced_ok=True)
+        assert block is not None
+        output = SchedulerOutput.make_empty()
+        if how == "copy":
+            source = data.draw(st.sampled_from(sorted(self.held) or ["none"]))
+            src = self.held[source][-1] if source in self.held else block
+            output.kv_cache_block_copies = [KVCacheBlockCopy(src, block)]
+            self._run_step(output, {block: "a copy-on-write copy"})
+            self.free.append(block)
+            return
+        req_id = data.draw(st.sampled_from(sorted(self.requests)))
+        cached = output.scheduled_cached_reqs
+        cached.req_ids = [req_id]
+        cached.new_block_ids = [([block], [])]
+        self._run_step(output, {block: f"{req_id}'s attention table"})
+        self.held[req_id].insert(-1, block)
+
+    @precondition(lambda self: bool(self.requests))
+    @rule(data=st.data())
+    def finish(self, data: st.DataObject) -> None:
+        """A request finishes: the connector is told before its blocks are freed,
+        the next step names it finished, and the blocks go back to the free ones."""
+        req_id = data.draw(st.sampled_from(sorted(self.requests)))
+        request = self.requests.pop(req_id)
+        request.status = RequestStatus.FINISHED_ABORTED
+        self.sched.request_finished(request)
+        self._check()
+        self.finishing.add(req_id)
+        self._run_step(SchedulerOutput.make_empty(), {})
+        self.free += self.held.pop(req_id)
+
+    @precondition(lambda self: bool(self.in_flight))
+    @rule(data=st.data())
+    def complete(self, data: st.DataObject) -> None:
+        """The worker reports some of its stores done, in any order."""
+        done = data.draw(st.sets(st.sampled_from(sorted(self.in_flight)), min_size=1))
+        self._complete(done)
+
+    @rule()
+    def idle_step(self) -> None:
+        self._run_step(SchedulerOutput.make_empty(), {})
+
+    def teardown(self) -> None:
+        for req_id in sorted(self.requests):
+            request = self.requests.pop(req_id)
+            request.status = RequestStatus.FINISHED_ABORTED
+            self.sched.request_finished(request)
+            self.finishing.add(req_id)
+        self._run_step(SchedulerOutput.make_empty(), {})
+        self._complete(set(self.in_flight))
+        fence = self.sched._block_id_to_pending_jobs
+        assert fence == {}, f"the fence did not drain: {fence}"
+        assert not self.sched._jobs, f"jobs left: {sorted(self.sched._jobs)}"
+
+
+def test_random_recurrent_workloads_keep_every_fence_invariant() -> None:
+    run_state_machine_as_test(RecurrentMachine, settings=profile())
+
+
+@pytest.mark.skipif(
+    not HAS_BOUNDARY_STORES,
+    reason="this vLLM does not collect block copies (kv_cache_block_copies, vLLM 0.29.0 on)",
+)
+def test_random_recurrent_workloads_find_a_planted_bug(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CI budget finds a copy-on-write copy written over a block a store still
+    reads: the step's block copies are left out of its allocations (catalogue:
+    flush-no-cow-collection). Same programs as the ci profile, without shrinking."""
+    _plant(
+        monkeypatch,
+        OffloadingConnectorScheduler,
+        "_update_req_states",
+        "for copy in scheduler_output.kv_cache_block_copies or ():",
+        "for copy in ():",
+    )
+    budget = settings(
+        settings.get_profile("ci"),
+        phases=[Phase.explicit, Phase.generate],
+        report_multiple_bugs=False,
+    )
+    with pytest.raises((FenceViolation, AssertionError)) as caught:
+        run_state_machine_as_test(RecurrentMachine, settings=budget)
+    assert "flush on reuse" in str(caught.value) or "did not drain" in str(caught.value)

@@ -12,16 +12,13 @@ After every step the oracle (``fence_oracle``) checks the invariants and the har
 checks that no block is overwritten while a store still reads it. At the end every
 transfer is released and the fence must drain to nothing.
 
-Profiles (``HYPOTHESIS_PROFILE``, read when the test runs): ``ci`` (default;
-derandomized, bounded, no example database), ``long`` (many more, longer programs,
-for a local hunt) and ``deep`` (``long`` derandomized: fence-audit's deep second look).
+Profiles (``HYPOTHESIS_PROFILE``, read when the test runs): ``fence_profiles``.
 """
 
 from __future__ import annotations
 
 import inspect
 import math
-import os
 import random
 import textwrap
 from typing import Any
@@ -36,7 +33,8 @@ from fence_harness import (
     FenceEngine,
 )
 from fence_oracle import FenceOracle, FenceViolation
-from hypothesis import HealthCheck, Phase, settings
+from fence_profiles import profile
+from hypothesis import Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -48,43 +46,6 @@ from hypothesis.stateful import (
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import (
     OffloadingConnectorScheduler,
 )
-
-# ci: 75 programs of 25 steps. After vLLM's one-time warm-up (~3 s) they take ~3 s
-# (25 took 1 s): 3x the programs for 1.5x the test's time, since at 25 which
-# catalogue bugs a derandomized run found was mostly down to its seed (issue 16).
-settings.register_profile(
-    "ci",
-    max_examples=75,
-    stateful_step_count=25,
-    derandomize=True,
-    database=None,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    print_blob=True,
-)
-settings.register_profile(
-    "long",
-    max_examples=2000,
-    stateful_step_count=60,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-# fence-audit's deep second look at survivors (`mutate --deep`): the long search,
-# derandomized and without a database, so that the same mutant gets the same search
-# every run and its verdict can be cached; the audit time-boxes it per mutant.
-settings.register_profile(
-    "deep", parent=settings.get_profile("long"), derandomize=True, database=None
-)
-settings.register_profile(
-    "dev", parent=settings.get_profile("ci"), phases=[Phase.explicit, Phase.generate]
-)
-
-
-def profile() -> settings:
-    """The profile ``HYPOTHESIS_PROFILE`` names now (default ``ci``): read when the
-    test runs, not at import, so a judging fork of the audit can ask for another."""
-    return settings.get_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
-
 
 BLOCK = 4
 # Prompts are a shared prefix (or not) plus a private tail, so that requests hit
