@@ -15,10 +15,15 @@ import pytest
 import torch
 from fence_harness import FenceOffloadingSpec, vllm_config
 from fence_oracle import FenceViolation, Violation, check_state
-from fence_profiles import profile
+from fence_profiles import run_machine
 from hypothesis import Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    precondition,
+    rule,
+)
 from test_fence_stateful import _plant
 from vllm import SamplingParams
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
@@ -201,6 +206,11 @@ def test_hand_off_stores_stay_fenced_until_they_complete(first: str) -> None:
 POOL = range(1, 32)  # block 0 is the null block
 MAX_PROMPT = 4 * BLOCK
 MAX_REQUESTS = 3
+# Swarm testing, as in test_fence_stateful.py: each program enables a random subset
+# of these, so that stores pile up on the fenced blocks of a program that completes
+# none of them before a flush, or never finishes a request. (Reuse, what the fence
+# is for, is always on.)
+RECURRENT_ACTIONS = ("complete", "finish")
 
 
 class RecurrentMachine(RuleBasedStateMachine):
@@ -214,13 +224,24 @@ class RecurrentMachine(RuleBasedStateMachine):
         self.finishing: set[str] = set()  # finished since the last step
         self.in_flight: set[int] = set()  # store jobs the worker still runs
         self.made = 0
+        self.actions: frozenset[str] = frozenset(RECURRENT_ACTIONS)
+        self.broken = False
+
+    @initialize(
+        enabled=st.lists(
+            st.booleans(), min_size=len(RECURRENT_ACTIONS), max_size=len(RECURRENT_ACTIONS)
+        )
+    )
+    def choose_actions(self, enabled: list[bool]) -> None:
+        self.actions = frozenset(a for a, on in zip(RECURRENT_ACTIONS, enabled, strict=True) if on)
 
     def _fenced(self) -> set[int]:
         return set(self.sched._block_id_to_pending_jobs)
 
-    def _check(self) -> None:
-        found = check_state(self.sched, self.step)
+    def _check(self, found: list[Violation] | None = None) -> None:
+        found = found or check_state(self.sched, self.step)
         if found:
+            self.broken = True  # teardown leaves the state as the failure left it
             raise FenceViolation(found)
 
     def _run_step(self, output: SchedulerOutput, handed: dict[int, str]) -> None:
@@ -236,18 +257,11 @@ class RecurrentMachine(RuleBasedStateMachine):
         for block, owner in sorted(handed.items()):
             missed = sorted(before.get(block, set()) - flushed)
             if missed:
-                raise FenceViolation(
-                    [
-                        Violation(
-                            "I1/I2 flush on reuse",
-                            self.step,
-                            f"handed to {owner} while jobs {missed} still store it, and "
-                            "they are not in jobs_to_flush",
-                            block,
-                            missed[0],
-                        )
-                    ]
+                why = (
+                    f"handed to {owner} while jobs {missed} still store it, and they are "
+                    "not in jobs_to_flush"
                 )
+                self._check([Violation("I1/I2 flush on reuse", self.step, why, block, missed[0])])
         self._check()
         self.in_flight |= set(meta.store_jobs)
         self.finishing.clear()
@@ -268,10 +282,13 @@ class RecurrentMachine(RuleBasedStateMachine):
         choices = [b for b in self.free if fenced_ok or b not in fenced]
         if not choices:
             return None
-        # the manager reuses the blocks freed first; weighted towards the fenced
-        # ones, the reuse the fence is for; any free block now and then
+        # The manager reuses the blocks freed first; the draw favours the reuse the
+        # fence is for: a fenced block, or one several stores read (rare otherwise).
         hazards = [b for b in choices if b in fenced]
-        block = data.draw(st.sampled_from([choices[0], *hazards, *hazards, *choices]))
+        shared = [b for b in hazards if len(self.sched._block_id_to_pending_jobs[b]) > 1]
+        kinds = {"first freed": choices[:1], "fenced": hazards, "shared": shared, "any": choices}
+        kind = data.draw(st.sampled_from([k for k, blocks in kinds.items() if blocks]))
+        block = data.draw(st.sampled_from(kinds[kind]))
         self.free.remove(block)
         return block
 
@@ -319,7 +336,11 @@ class RecurrentMachine(RuleBasedStateMachine):
         points = [t for t in range(4, length + 1, 4) if HAS_BOUNDARY_STORES or t % BLOCK]
         if not points:
             return
-        tokens = data.draw(st.sampled_from(points))
+        # now and then beside a store in flight: a second partial tail in an
+        # attention block another store reads puts two jobs on one block
+        fenced = self._fenced()
+        beside = [t for t in points if t % BLOCK and self.held[req_id][t // BLOCK] in fenced]
+        tokens = data.draw(st.sampled_from(data.draw(st.sampled_from([points, beside or points]))))
         block = self._take(data, fenced_ok=copy and HAS_BOUNDARY_STORES)
         if block is None:
             return
@@ -358,7 +379,7 @@ class RecurrentMachine(RuleBasedStateMachine):
         self._run_step(output, {block: f"{req_id}'s attention table"})
         self.held[req_id].insert(-1, block)
 
-    @precondition(lambda self: bool(self.requests))
+    @precondition(lambda self: bool(self.requests) and "finish" in self.actions)
     @rule(data=st.data())
     def finish(self, data: st.DataObject) -> None:
         """A request finishes: the connector is told before its blocks are freed,
@@ -372,7 +393,7 @@ class RecurrentMachine(RuleBasedStateMachine):
         self._run_step(SchedulerOutput.make_empty(), {})
         self.free += self.held.pop(req_id)
 
-    @precondition(lambda self: bool(self.in_flight))
+    @precondition(lambda self: bool(self.in_flight) and "complete" in self.actions)
     @rule(data=st.data())
     def complete(self, data: st.DataObject) -> None:
         """The worker reports some of its stores done, in any order."""
@@ -384,6 +405,8 @@ class RecurrentMachine(RuleBasedStateMachine):
         self._run_step(SchedulerOutput.make_empty(), {})
 
     def teardown(self) -> None:
+        if self.broken:
+            return  # already failed: stepping on would only hide the failure
         for req_id in sorted(self.requests):
             request = self.requests.pop(req_id)
             request.status = RequestStatus.FINISHED_ABORTED
@@ -397,7 +420,7 @@ class RecurrentMachine(RuleBasedStateMachine):
 
 
 def test_random_recurrent_workloads_keep_every_fence_invariant() -> None:
-    run_state_machine_as_test(RecurrentMachine, settings=profile())
+    run_machine(RecurrentMachine)
 
 
 @pytest.mark.skipif(
@@ -421,5 +444,5 @@ def test_random_recurrent_workloads_find_a_planted_bug(monkeypatch: pytest.Monke
         report_multiple_bugs=False,
     )
     with pytest.raises((FenceViolation, AssertionError)) as caught:
-        run_state_machine_as_test(RecurrentMachine, settings=budget)
+        run_machine(RecurrentMachine, budget)
     assert "flush on reuse" in str(caught.value) or "did not drain" in str(caught.value)

@@ -33,7 +33,7 @@ from fence_harness import (
     FenceEngine,
 )
 from fence_oracle import FenceOracle, FenceViolation
-from fence_profiles import profile
+from fence_profiles import run_machine
 from hypothesis import Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -41,7 +41,6 @@ from hypothesis.stateful import (
     invariant,
     precondition,
     rule,
-    run_state_machine_as_test,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import (
     OffloadingConnectorScheduler,
@@ -332,12 +331,8 @@ class FenceMachine(RuleBasedStateMachine):
         assert not engine.connector._jobs
 
 
-def run_machine(chosen: settings | None = None) -> None:
-    run_state_machine_as_test(FenceMachine, settings=chosen or profile())
-
-
 def test_random_workloads_keep_every_fence_invariant() -> None:
-    run_machine()
+    run_machine(FenceMachine)
 
 
 def _plant(monkeypatch: pytest.MonkeyPatch, cls: type, name: str, old: str, new: str) -> None:
@@ -366,5 +361,5 @@ def test_random_workloads_find_a_planted_bug(monkeypatch: pytest.MonkeyPatch) ->
     ci = settings.get_profile("ci")
     budget = settings(ci, phases=[Phase.explicit, Phase.generate], report_multiple_bugs=False)
     with pytest.raises((FenceViolation, ContentViolation)) as caught:
-        run_machine(budget)
+        run_machine(FenceMachine, budget)
     assert "I7 registered iff finished" in str(caught.value) or "overwritten" in str(caught.value)
