@@ -1,8 +1,8 @@
 """The hunt (``nox -s hunt``): the fence suite's random workloads on unmutated vLLM, time-boxed.
 
-The runner is ``tests/fence/fence_hunt.py``: it drives the state machine of
-``tests/fence/test_fence_stateful.py`` under the ``long`` profile, in rounds, until the
-time box is up or the machine raises. This module is the part that needs neither vLLM
+The runner is ``tests/fence/fence_hunt.py``: it drives the fence suite's state
+machines (``MACHINES``) under the ``long`` profile, in rounds, until the time box is up
+or a machine raises. This module is the part that needs neither vLLM
 nor Hypothesis: the hunt's command line, its result, ``hunt.md`` and the exit code.
 
 A violation is *new* when the machine raises: the known vLLM bugs are tolerated by the
@@ -26,6 +26,11 @@ from audit.errors import ConfigError, ExitCode
 from audit.files import write_text
 
 REPORT = "hunt.md"
+# The state machines a round runs, in order, each with the round's seed: (class, file).
+MACHINES = (
+    ("FenceMachine", "tests/fence/test_fence_stateful.py"),
+    ("RecurrentMachine", "tests/fence/test_fence_recurrent.py"),
+)
 DEFAULT_SECONDS = 600
 SECONDS_ENV = "FENCE_AUDIT_HUNT_SECONDS"
 # Programs per round: one Hypothesis run each. Small enough that the hunt overruns its
@@ -56,6 +61,12 @@ class Finding:
     where: str  # the innermost frames of the traceback
     round: int  # from 1
     seed: int  # that round's seed
+    machine: str = MACHINES[0][0]  # the state machine that raised (a class of MACHINES)
+
+    @property
+    def source(self) -> str:
+        """The file of the machine that raised."""
+        return dict(MACHINES)[self.machine]
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,9 +215,10 @@ def render(result: HuntResult) -> str:
         f"# Fence hunt: {title}",
         "",
         f"- vLLM: {_text(result.vllm_version)}",
-        f"- profile: `{PROFILE}` (`tests/fence/test_fence_stateful.py`), {result.steps} steps "
-        f"per program, in rounds of {result.round_examples} programs; one Hypothesis run per "
-        "round, no example database",
+        f"- profile: `{PROFILE}`, {result.steps} steps per program, in rounds of "
+        f"{result.round_examples} programs of each machine ("
+        + ", ".join(f"`{name}` of `{path}`" for name, path in MACHINES)
+        + "); one Hypothesis run per machine and round, no example database",
         f"- time box: {result.seconds} s; ran {result.elapsed:.0f} s"
         + (" (shrinking included)" if finding else ""),
         f"- programs run: {result.programs} in {_count(result.rounds, 'round')}"
@@ -224,7 +236,7 @@ def render(result: HuntResult) -> str:
             "while a store read it, and the fence drained after every program."
         )
         lines += [
-            f"No violation: the machine raised nothing in {result.programs} programs"
+            f"No violation: the machines raised nothing in {result.programs} programs"
             + (" before the hunt was interrupted." if result.interrupted else "."),
             held,
             "",
@@ -238,21 +250,21 @@ def render(result: HuntResult) -> str:
         "## The violation",
         "",
         f"Round {finding.round}, seed {finding.seed} ({replay} replays it first). "
-        f"The machine raised `{finding.kind}`:",
+        f"`{finding.machine}` raised `{finding.kind}`:",
         "",
         *_fenced(finding.message, "text"),
         "",
         "## The shrunk program",
         "",
         "Hypothesis' reproduction of the state machine's steps "
-        "(`FenceMachine` of `tests/fence/test_fence_stateful.py`):",
+        f"(`{finding.machine}` of `{finding.source}`):",
         "",
         *_fenced(finding.program or "(Hypothesis printed no program)", "python"),
         "",
     ]
     if finding.reproduce:
         lines += [
-            f"`{finding.reproduce}` on `FenceMachine` replays this program alone "
+            f"`{finding.reproduce}` on `{finding.machine}` replays this program alone "
             "(the same Hypothesis version).",
             "",
         ]

@@ -1,4 +1,4 @@
-"""The hunt: ``test_fence_stateful``'s random workloads on unmutated vLLM, time-boxed.
+"""The hunt: the fence suite's random workloads on unmutated vLLM, time-boxed.
 
 ``nox -s hunt`` runs this file with the lean environment's python:
 
@@ -10,9 +10,10 @@ fault: hunt.md holds the shrunk program), 1 on a usage error, 7 when the install
 vLLM is not the configured version, 130 when interrupted.
 
 The time box. Hypothesis has no wall-clock limit, so the hunt runs the machine in
-rounds: each round is one whole Hypothesis run of ``round_examples`` programs under
-the ``long`` profile's settings (60 steps each, no deadline) with its own seed, the
-first round's seed plus the round's index; a round starts only while the time box
+rounds: each round is one whole Hypothesis run per machine (``audit.hunt.MACHINES``,
+in order) of ``round_examples`` programs under the ``long`` profile's settings (60
+steps each, no deadline) with its own seed, the first round's seed plus the round's
+index; a round starts only while the time box
 has time left, so the hunt overruns it by at most one round. A round is never cut
 short (a flag checked inside the machine would have to fail or reject programs,
 which Hypothesis would shrink or count against the run), so each round is exactly
@@ -39,6 +40,7 @@ from audit import environment, outputs
 from audit.config import Config
 from audit.errors import AuditError
 from audit.hunt import (
+    MACHINES,
     Finding,
     HuntOptions,
     HuntResult,
@@ -77,8 +79,14 @@ def hunt(
     """Rounds of the state machine until the time box is up or the machine raises."""
     # vLLM is imported here, after _hermetic: the offline HF home comes first.
     from hypothesis import Phase, seed, settings
-    from hypothesis.stateful import run_state_machine_as_test
+    from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
+    from test_fence_recurrent import RecurrentMachine
     from test_fence_stateful import FenceMachine
+
+    classes: dict[str, type[RuleBasedStateMachine]] = {
+        "FenceMachine": FenceMachine,
+        "RecurrentMachine": RecurrentMachine,
+    }
 
     base = settings.get_profile("long")
     budget = settings(
@@ -92,11 +100,17 @@ def hunt(
     )
     programs = 0
 
-    class Counted(FenceMachine):  # type: ignore[misc]
-        def teardown(self) -> None:
-            nonlocal programs
-            programs += self.engine is not None  # a program Hypothesis rejected built none
-            super().teardown()
+    def counted(machine: type[RuleBasedStateMachine]) -> type[RuleBasedStateMachine]:
+        class Counted(machine):  # type: ignore[misc,valid-type]
+            def teardown(self) -> None:
+                nonlocal programs
+                # a FenceMachine program Hypothesis rejected built no engine
+                programs += getattr(self, "engine", True) is not None
+                super().teardown()
+
+        return Counted
+
+    machines = [(name, counted(classes[name])) for name, _ in MACHINES]
 
     started = clock()
     rounds = 0
@@ -105,15 +119,19 @@ def hunt(
     while finding is None and (rounds == 0 or clock() - started < options.seconds):
         rounds += 1
         round_seed = options.seed + rounds - 1
-        # A class per round, named as Hypothesis prints it: `state = FenceMachine()`.
-        machine = seed(round_seed)(type("FenceMachine", (Counted,), {}))
-        try:
-            run_state_machine_as_test(machine, settings=budget)
-        except KeyboardInterrupt:
-            interrupted = True
+        for name, base_machine in machines:
+            # A class per round, named as Hypothesis prints it: `state = FenceMachine()`.
+            machine = seed(round_seed)(type(name, (base_machine,), {}))
+            try:
+                run_state_machine_as_test(machine, settings=budget)
+            except KeyboardInterrupt:
+                interrupted = True
+                break
+            except Exception as error:  # whatever a machine raises is the finding
+                finding = _finding(error, rounds, round_seed, name)
+                break
+        if interrupted:
             break
-        except Exception as error:  # whatever the machine raises is the finding
-            finding = _finding(error, rounds, round_seed)
         log(
             f"hunt: round {rounds} (seed {round_seed}): "
             + ("RAISED" if finding else "nothing raised")
@@ -133,7 +151,7 @@ def hunt(
     )
 
 
-def _finding(error: BaseException, round_index: int, round_seed: int) -> Finding:
+def _finding(error: BaseException, round_index: int, round_seed: int, machine: str) -> Finding:
     program, reproduce = parse_notes(getattr(error, "__notes__", ()))
     # The harness's frames and vLLM's: Hypothesis' and this runner's say nothing of the bug.
     frames = [
@@ -149,6 +167,7 @@ def _finding(error: BaseException, round_index: int, round_seed: int) -> Finding
         where="".join(traceback.format_list(frames)).rstrip(),
         round=round_index,
         seed=round_seed,
+        machine=machine,
     )
 
 

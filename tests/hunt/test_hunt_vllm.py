@@ -65,9 +65,37 @@ def test_a_hunt_on_unmutated_vllm_says_nothing_was_found(
     assert code == ExitCode.OK
     text = (reports / "hunt.md").read_text()
     assert text.startswith("# Fence hunt: no violation in 1 s on vLLM ")
-    assert "No violation: the machine raised nothing in " in text
+    assert "No violation: the machines raised nothing in " in text
     assert "- seeds: 7" in text
     assert "## The shrunk program" not in text
     out = capsys.readouterr().out
     assert "hunt: round 1 (seed 7): nothing raised" in out
     assert "hunt: no violation in " in out
+
+
+@pytest.mark.skipif(
+    not hasattr(OffloadingConnectorScheduler, "_build_aligned_boundary_store_jobs"),
+    reason="this vLLM does not collect block copies (vLLM 0.29.0 on)",
+)
+def test_a_round_runs_the_recurrent_machine_too(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A bug only a Mamba layout reaches (block copies left out of the step's
+    allocations): the engine machine cannot meet it, the recurrent one does, and
+    hunt.md names that machine and its file."""
+    _plant(
+        monkeypatch,
+        OffloadingConnectorScheduler,
+        "_update_req_states",
+        "for copy in scheduler_output.kv_cache_block_copies or ():",
+        "for copy in ():",
+    )
+    reports = tmp_path / "reports"
+    code = _hunt(reports, "--seconds 60 --seed 1 --round-examples 20 --steps 12")
+    assert code == ExitCode.HUNT_FOUND
+    text = (reports / "hunt.md").read_text()
+    assert "`RecurrentMachine` raised `FenceViolation`" in text
+    assert "(`RecurrentMachine` of `tests/fence/test_fence_recurrent.py`)" in text
+    program = text.split("```python\n", 1)[1].split("\n```", 1)[0].splitlines()
+    assert program[0] == "state = RecurrentMachine()"
+    assert "flush on reuse" in text

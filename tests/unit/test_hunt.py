@@ -98,7 +98,7 @@ def test_nothing_found_is_exit_0_and_says_how_much_ran() -> None:
     assert text.startswith("# Fence hunt: no violation in 600 s on vLLM 0.33.0\n")
     assert "- programs run: 620 in 31 rounds" in text
     assert "- seeds: 40 to 70 " in text
-    assert "No violation: the machine raised nothing in 620 programs." in text
+    assert "No violation: the machines raised nothing in 620 programs." in text
     assert exit_code(_result(interrupted=True)) == ExitCode.INTERRUPTED
 
 
