@@ -163,6 +163,16 @@ def bench(session: nox.Session) -> None:
     fence_audit(session, "bench", "--suite", f"vllm:{BENCH_SUITE}")
 
 
+@nox.session(name="workloads-bench", venv_backend="none", default=False)
+def workloads_bench(session: nox.Session) -> None:
+    """Time the random workloads (ci profile) of this checkout against `--against REV`'s,
+    alternately, in the lean environment; print the ratio."""
+    bindir = lean_env(session)
+    run_keeping_code(
+        session, str(bindir / "python"), "-m", "audit.workloads_bench", *session.posargs
+    )
+
+
 RELEASES_DIR = ROOT / "reports" / "releases"
 # What a release's audit depends on in this repository: a release whose last audit
 # finished (exit 0 or 2) with the same fingerprint is not audited again.
