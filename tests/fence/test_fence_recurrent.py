@@ -210,7 +210,7 @@ MAX_REQUESTS = 3
 # of these, so that stores pile up on the fenced blocks of a program that completes
 # none of them before a flush, or never finishes a request. (Reuse, what the fence
 # is for, is always on.)
-RECURRENT_ACTIONS = ("complete", "finish")
+RECURRENT_ACTIONS = ("complete", "finish", "reset")
 
 
 class RecurrentMachine(RuleBasedStateMachine):
@@ -238,8 +238,8 @@ class RecurrentMachine(RuleBasedStateMachine):
     def _fenced(self) -> set[int]:
         return set(self.sched._block_id_to_pending_jobs)
 
-    def _check(self, found: list[Violation] | None = None) -> None:
-        found = found or check_state(self.sched, self.step)
+    def _check(self, found: list[Violation] | None = None, *, reset_pending: bool = False) -> None:
+        found = found or check_state(self.sched, self.step, reset_pending=reset_pending)
         if found:
             self.broken = True  # teardown leaves the state as the failure left it
             raise FenceViolation(found)
@@ -399,6 +399,16 @@ class RecurrentMachine(RuleBasedStateMachine):
         """The worker reports some of its stores done, in any order."""
         done = data.draw(st.sets(st.sampled_from(sorted(self.in_flight)), min_size=1))
         self._complete(done)
+
+    @precondition(lambda self: "reset" in self.actions)
+    @rule()
+    def reset_cache(self) -> None:
+        """The prefix caches are reset: every job in flight is discarded and flushed
+        by the next step, whose workers report them done; their stale completions
+        must not touch the jobs that follow."""
+        self.sched.reset_cache()
+        self._check(reset_pending=True)
+        self._run_step(SchedulerOutput.make_empty(), {})
 
     @rule()
     def idle_step(self) -> None:
