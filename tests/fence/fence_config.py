@@ -8,7 +8,9 @@ of a layout and the block sizes the engine core resolves from them.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -201,6 +203,13 @@ def kv_cache_groups(
     return {"full": [full], "sliding": [sliding], "mixed": [full, sliding]}[layout]
 
 
+@functools.cache
+def _model_config() -> ModelConfig:
+    """The model's config, read once per process: reading and validating the model's
+    config.json was a third of building an engine (a random program builds one)."""
+    return ModelConfig(model=MODEL, dtype="float16", seed=0)
+
+
 def vllm_config(
     *,
     block_size: int,
@@ -216,7 +225,7 @@ def vllm_config(
 ) -> VllmConfig:
     """A real vLLM config with the OffloadingConnector over
     :class:`fence_transfers.FenceOffloadingSpec`."""
-    model = ModelConfig(model=MODEL, dtype="float16", seed=0)
+    model = copy.deepcopy(_model_config())  # a config may change its model's
     scheduler = SchedulerConfig(
         max_num_seqs=min(16, max_num_batched_tokens),
         max_num_batched_tokens=max_num_batched_tokens,
