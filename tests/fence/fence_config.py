@@ -205,8 +205,8 @@ def kv_cache_groups(
 
 @functools.cache
 def _model_config() -> ModelConfig:
-    """The model's config, read once per process: reading and validating the model's
-    config.json was a third of building an engine (a random program builds one)."""
+    """The model's config, read once per process: every random program builds an
+    engine, and reading and validating the same config.json for each is wasted work."""
     return ModelConfig(model=MODEL, dtype="float16", seed=0)
 
 
