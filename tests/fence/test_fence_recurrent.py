@@ -384,7 +384,9 @@ class RecurrentMachine(RuleBasedStateMachine):
     def finish(self, data: st.DataObject) -> None:
         """A request finishes: the connector is told before its blocks are freed,
         the next step names it finished, and the blocks go back to the free ones."""
-        req_id = data.draw(st.sampled_from(sorted(self.requests)))
+        self._finish(data.draw(st.sampled_from(sorted(self.requests))))
+
+    def _finish(self, req_id: str) -> None:
         request = self.requests.pop(req_id)
         request.status = RequestStatus.FINISHED_ABORTED
         self.sched.request_finished(request)
@@ -392,6 +394,31 @@ class RecurrentMachine(RuleBasedStateMachine):
         self.finishing.add(req_id)
         self._run_step(SchedulerOutput.make_empty(), {})
         self.free += self.held.pop(req_id)
+
+    def _shared_held(self) -> dict[str, list[int]]:
+        """Each live request's fenced blocks: once it finishes, its final store
+        reads them too (a partial tail's attention block then has two stores)."""
+        fence = self.sched._block_id_to_pending_jobs
+        shared = {req_id: [b for b in self.held[req_id] if b in fence] for req_id in self.requests}
+        return {req_id: blocks for req_id, blocks in shared.items() if blocks}
+
+    @precondition(lambda self: HAS_BOUNDARY_STORES and bool(self._shared_held()))
+    @rule(data=st.data())
+    def recycle(self, data: st.DataObject) -> None:
+        """A request holding a fenced block finishes, and the next step hands that
+        block to a block copy at once (the manager reuses what was freed
+        last when nothing is cached in it): every one of those stores must be
+        flushed. Without this, the random programs rarely freed such a block while
+        its stores were in flight, and more rarely still handed it on."""
+        shared = self._shared_held()
+        req_id = data.draw(st.sampled_from(sorted(shared)))
+        block = data.draw(st.sampled_from(shared[req_id]))
+        self._finish(req_id)
+        self.free.remove(block)
+        output = SchedulerOutput.make_empty()
+        output.kv_cache_block_copies = [KVCacheBlockCopy(block, block)]
+        self._run_step(output, {block: "a copy-on-write copy"})
+        self.free.append(block)
 
     @precondition(lambda self: bool(self.in_flight) and "complete" in self.actions)
     @rule(data=st.data())
