@@ -1,5 +1,5 @@
 """``python -m audit`` is the same as the ``fence-audit`` command."""
 
-from audit.cli import main
+from audit.cli import entry
 
-raise SystemExit(main())
+raise SystemExit(entry())

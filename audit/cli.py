@@ -507,6 +507,17 @@ def _terminated(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt  # SIGTERM (a cancelled CI job) stops the run as Ctrl-C does
 
 
+def entry() -> int:
+    """The ``fence-audit`` program: :func:`main`, then no more interrupts. A Ctrl-C or
+    SIGTERM that lands once the run is over (its results and reports written) would
+    only interrupt Python's shutdown, which prints a traceback from whatever object
+    it was finalizing; the run's exit code stands."""
+    code = main()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminated)
