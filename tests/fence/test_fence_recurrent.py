@@ -460,14 +460,9 @@ def test_random_recurrent_workloads_keep_every_fence_invariant() -> None:
     run_machine(RecurrentMachine)
 
 
-@pytest.mark.skipif(
-    not HAS_BOUNDARY_STORES,
-    reason="this vLLM does not collect block copies (kv_cache_block_copies, vLLM 0.29.0 on)",
-)
-def test_random_recurrent_workloads_find_a_planted_bug(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The CI budget finds a copy-on-write copy written over a block a store still
-    reads: the step's block copies are left out of its allocations (catalogue:
-    flush-no-cow-collection). Same programs as the ci profile, without shrinking."""
+def plant_uncollected_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For this test only: the step's block copies are left out of its allocations
+    (catalogue: flush-no-cow-collection), a bug only a Mamba layout reaches."""
     _plant(
         monkeypatch,
         OffloadingConnectorScheduler,
@@ -475,6 +470,17 @@ def test_random_recurrent_workloads_find_a_planted_bug(monkeypatch: pytest.Monke
         "for copy in scheduler_output.kv_cache_block_copies or ():",
         "for copy in ():",
     )
+
+
+@pytest.mark.skipif(
+    not HAS_BOUNDARY_STORES,
+    reason="this vLLM does not collect block copies (kv_cache_block_copies, vLLM 0.29.0 on)",
+)
+def test_random_recurrent_workloads_find_a_planted_bug(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CI budget finds a copy-on-write copy written over a block a store still
+    reads (plant_uncollected_copies). Same programs as the ci profile, without
+    shrinking."""
+    plant_uncollected_copies(monkeypatch)
     budget = settings(
         settings.get_profile("ci"),
         phases=[Phase.explicit, Phase.generate],

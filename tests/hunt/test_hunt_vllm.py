@@ -9,6 +9,7 @@ from pathlib import Path
 
 import fence_hunt
 import pytest
+from test_fence_recurrent import plant_uncollected_copies
 from test_fence_stateful import _plant
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import (
     OffloadingConnectorScheduler,
@@ -83,13 +84,7 @@ def test_a_round_runs_the_recurrent_machine_too(
     """A bug only a Mamba layout reaches (block copies left out of the step's
     allocations): the engine machine cannot meet it, the recurrent one does, and
     hunt.md names that machine and its file."""
-    _plant(
-        monkeypatch,
-        OffloadingConnectorScheduler,
-        "_update_req_states",
-        "for copy in scheduler_output.kv_cache_block_copies or ():",
-        "for copy in ():",
-    )
+    plant_uncollected_copies(monkeypatch)
     reports = tmp_path / "reports"
     code = _hunt(reports, "--seconds 60 --seed 1 --round-examples 20 --steps 12")
     assert code == ExitCode.HUNT_FOUND
