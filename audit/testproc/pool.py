@@ -1,16 +1,16 @@
 """The fork pool: one fork per mutant, a few at a time, each with a deadline.
 
 The pool's process never runs a test itself while it forks, so no test starts
-threads (torch's pools, vLLM's helpers) in it before a fork.
+threads (torch's pools, vLLM's helpers) in it before a fork. Each fork runs its job's
+tests in the job's own order: a verdict depends on the mutant, never on what this run
+judged before it (DESIGN.md, "The executor").
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import time
-from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +23,6 @@ from audit.protocol import (
     MutantStatus,
     MutationSpec,
     Verdict,
-    is_project_test,
     load_verdict,
     save_verdict,
 )
@@ -49,9 +48,6 @@ class ForkPool:
         self.results = Path(spec.results_dir)
         self.results.mkdir(parents=True, exist_ok=True)
         self.source = Path(spec.target_path).read_text()
-        # Kills so far, per function and per test: a test that killed a mutant of a
-        # function is tried first on the next mutants of that function.
-        self.kills: dict[str, Counter[str]] = defaultdict(Counter)
 
     def run(self, jobs: Iterable[Job]) -> None:
         running: dict[int, _Running] = {}
@@ -71,7 +67,6 @@ class ForkPool:
                 if job is None:
                     exhausted = True
                     break
-                job = dataclasses.replace(job, tests=self.prioritised(job))
                 started = time.monotonic()
                 pid = os.fork()
                 if pid == 0:
@@ -102,7 +97,7 @@ class ForkPool:
         return self.results / f"{job.key}.json"
 
     def settled(self, job: Job, status: int, duration: float) -> None:
-        """A fork ended: read its verdict (or say why there is none), learn its killer."""
+        """A fork ended: read its verdict, or say why there is none."""
         path = self.verdict_path(job)
         if not path.is_file():
             # Interrupted, or died in a way no test reports: not a verdict on the
@@ -116,16 +111,4 @@ class ForkPool:
             emit(Judged(job.id, MutantStatus.ERROR, None, round(duration, 3), failure))
             return
         verdict = load_verdict(path)
-        if verdict.status is MutantStatus.KILLED:
-            self.kills[job.function][verdict.killed_by] += 1
         emit(Judged(job.id, verdict.status, verdict.duration_s, round(duration, 3)))
-
-    def prioritised(self, job: Job) -> tuple[str, ...]:
-        """The job's tests, the ones that killed its function's other mutants first.
-
-        Only the order within each suite changes: vLLM's tests still run before this
-        project's, so that a kill by the project's means no test of vLLM's killed it.
-        """
-        kills = self.kills[job.function]
-        position = {t: i for i, t in enumerate(job.tests)}
-        return tuple(sorted(job.tests, key=lambda t: (is_project_test(t), -kills[t], position[t])))
