@@ -33,6 +33,7 @@ from audit.testproc import isolation
 from audit.testproc.codeswap import activate, function_text
 
 FAILURE_LINES = 15  # of the killing test's report, its last ones (native traceback)
+SHRINK = 5  # after a mutant's first hung test, each further test has 1/SHRINK of its budget
 INTERRUPTED = 130  # a fork's exit status when it was interrupted: no verdict
 
 
@@ -79,20 +80,31 @@ def judge_in_fork(spec: MutationSpec, source: str, items: dict[str, pytest.Item]
 def run_tests(
     items: dict[str, pytest.Item], job: Job, max_hangs: int, whole_failure: bool = False
 ) -> Verdict:
-    """Run the job's tests until one fails; a test over its budget counts as hung.
+    """Run the job's tests, in the job's order, until one fails; a test over its
+    budget counts as hung.
 
-    Killed if a test fails; timeout if none fails but one hung (or ``max_hangs``
-    hung: then the judging stops there); survived otherwise.
+    Killed if a test fails; timeout if none fails but one hung; survived otherwise.
+    A mutant that makes some tests spin often makes a later one fail: after the first
+    hang, each further test gets a fifth of its budget (:data:`SHRINK`), and the
+    judging gives up (timeout) once its hangs have spent what ``max_hangs`` full
+    budgets would. The order is fixed, so the verdict is the same in every run.
     """
     run: list[str] = []
     hung: list[str] = []
+    allowance = sum(sorted(job.budgets.values(), reverse=True)[:max_hangs])
+    spent = 0.0
     for test_id in job.tests:
         run.append(test_id)
-        with time_budget(job.budgets[test_id]) as alarm:
-            reports = runtestprotocol(items[test_id], nextitem=None, log=False)
+        budget = job.budgets[test_id] / SHRINK if hung else job.budgets[test_id]
+        with time_budget(budget) as alarm:
+            try:
+                reports = runtestprotocol(items[test_id], nextitem=None, log=False)
+            except TestHung:  # raised again outside the test's call (its teardown spun)
+                reports = []
         if alarm.reason:
             hung.append(f"{test_id} {alarm.reason}")
-            if len(hung) >= max_hangs:
+            spent += budget
+            if spent >= allowance:
                 break
             continue
         failed = next((r for r in reports if r.failed), None)
@@ -133,6 +145,7 @@ class _Alarm:
 
     budget: float
     reason: str = ""
+    raised: tuple[float, float] = (0.0, 0.0)  # (wall, CPU) when TestHung was last raised
     samples: deque[tuple[float, float]] = field(default_factory=deque)  # (wall, CPU)
 
     def check(self, wall: float, cpu: float) -> str:
@@ -166,11 +179,23 @@ def time_budget(seconds: float) -> Iterator[_Alarm]:
     alarm.samples.append((0.0, 0.0))
 
     def tick(signum: int, frame: types.FrameType | None) -> None:
+        wall, cpu = time.monotonic() - wall0, time.process_time() - cpu0
         if alarm.reason:
-            return  # already stopping: let the test unwind
-        alarm.reason = alarm.check(time.monotonic() - wall0, time.process_time() - cpu0)
-        if alarm.reason:
-            raise TestHung(f"fence-audit: test hung ({alarm.reason})")
+            # Already stopped: let the test unwind, but not forever. A teardown that
+            # loops too (a runner draining jobs a mutant never completes) is stopped
+            # again each time it spends a fifth of the budget of CPU, or a whole
+            # budget of wall time.
+            if (
+                cpu - alarm.raised[1] < BLOCKED_FRACTION * seconds
+                and wall - alarm.raised[0] < seconds
+            ):
+                return
+        else:
+            alarm.reason = alarm.check(wall, cpu)
+            if not alarm.reason:
+                return
+        alarm.raised = (wall, cpu)
+        raise TestHung(f"fence-audit: test hung ({alarm.reason})")
 
     previous = signal.signal(signal.SIGALRM, tick)
     signal.setitimer(signal.ITIMER_REAL, TICK_S, TICK_S)

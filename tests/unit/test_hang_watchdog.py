@@ -1,13 +1,18 @@
 """The rule that judges a test hung: CPU spent past its budget, or no CPU at all for a
-fifth of it; a test slowed by a loaded machine is neither."""
+fifth of it; a test slowed by a loaded machine is neither. And what a judging does
+once tests hang: shorter budgets, up to an allowance, so a later failing test kills."""
 
 from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
+from audit.protocol import Job, MutantStatus, Verdict
+from audit.testproc import judge
 from audit.testproc.judge import TICK_S, TestHung, _Alarm, time_budget
 
 
@@ -66,3 +71,67 @@ def test_time_budget_leaves_a_quick_test_alone() -> None:
     with time_budget(1.0) as alarm:
         sum(range(1000))
     assert alarm.reason == ""
+
+
+@dataclass
+class Report:
+    failed: bool
+    longreprtext: str = "assert False"
+
+
+def judged(monkeypatch: pytest.MonkeyPatch, behaviours: dict[str, Any]) -> Verdict:
+    """``run_tests`` over tests that behave as given (0.5 s budgets, three hangs)."""
+
+    def protocol(item: str, nextitem: object, log: bool) -> list[Report]:
+        return behaviours[item]()  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(judge, "runtestprotocol", protocol)
+    tests = tuple(behaviours)
+    job = Job("k", "m", "f", (), tests, dict.fromkeys(tests, 0.5), 60.0)
+    return judge.run_tests({t: t for t in tests}, job, max_hangs=3)  # type: ignore[misc]
+
+
+def failing() -> list[Report]:
+    return [Report(failed=True)]
+
+
+def test_a_failure_after_three_hangs_still_kills(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a mutant that makes the first tests spin and a later one fail: the hangs
+    # after the first get a fifth of their budget, so the failing test is reached
+    start = time.monotonic()
+    verdict = judged(monkeypatch, {"a": spin, "b": spin, "c": spin, "d": spin, "e": failing})
+    assert verdict.status is MutantStatus.KILLED
+    assert verdict.killed_by == "e"
+    assert verdict.tests_run == ("a", "b", "c", "d", "e")
+    assert time.monotonic() - start < 0.5 + 3 * (0.5 / judge.SHRINK + 2 * TICK_S)
+
+
+def test_hangs_stop_the_judging_once_they_spent_the_allowance(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tests = {f"t{i}": spin for i in range(40)} | {"last": failing}
+    verdict = judged(monkeypatch, tests)
+    assert verdict.status is MutantStatus.TIMEOUT
+    # three full budgets: the first hang's, then a fifth of one per hang after it
+    assert len(verdict.tests_run) == 1 + 2 * judge.SHRINK
+    assert verdict.failure.startswith("hung: t0 > 0.5s of CPU, t1 > 0.1s of CPU")
+
+
+def spin_through_teardown() -> list[Report]:
+    """A test whose cleanup loops too: it swallows the first stop and spins on (for
+    5 s at most, so that a watchdog that never stops it again fails the test)."""
+    try:
+        spin()
+    except TestHung:
+        until = time.process_time() + 5.0
+        while time.process_time() < until:
+            pass
+    return []
+
+
+def test_a_teardown_that_spins_on_is_stopped_again() -> None:
+    start = time.monotonic()
+    with pytest.raises(TestHung), time_budget(0.5) as alarm:
+        spin_through_teardown()
+    assert alarm.reason == "> 0.5s of CPU"
+    assert time.monotonic() - start < 0.5 + 0.1 + 4 * TICK_S
