@@ -18,7 +18,7 @@ from pathlib import Path
 
 from audit.errors import ExecutorFailed
 from audit.model import Mutant
-from audit.protocol import Frame, Job, LineEdit, is_project_test
+from audit.protocol import Frame, Job, LineEdit, hang_allowance, is_project_test
 from audit.regions import find_function, first_line
 
 
@@ -38,7 +38,7 @@ class ExecutorOptions:
     def mutant_timeout(self, baseline_s: float, budgets: Iterable[float]) -> float:
         """Backstop for a whole judging: every test thrice its baseline time, the
         largest budgets spent on hangs, and slack for the fork."""
-        hangs = sum(sorted(budgets, reverse=True)[: self.max_hangs])
+        hangs = hang_allowance(budgets, self.max_hangs)
         return round(3 * baseline_s + hangs + 30.0, 3)
 
 

@@ -40,6 +40,12 @@ class ProtocolError(ValueError):
     """A message that does not match its type: a fence-audit bug, or a damaged file."""
 
 
+def hang_allowance(budgets: typing.Iterable[float], max_hangs: int) -> float:
+    """Seconds a judging may spend on hung tests: its ``max_hangs`` largest budgets
+    (the judge stops there; the parent's backstop leaves room for it)."""
+    return sum(sorted(budgets, reverse=True)[:max_hangs])
+
+
 def is_project_test(test_id: str) -> bool:
     return test_id.startswith(PROJECT_PREFIX)
 

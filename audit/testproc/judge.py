@@ -27,6 +27,7 @@ from audit.protocol import (
     MutationSpec,
     Verdict,
     apply_edits,
+    hang_allowance,
     save_verdict,
 )
 from audit.testproc import isolation
@@ -91,7 +92,7 @@ def run_tests(
     """
     run: list[str] = []
     hung: list[str] = []
-    allowance = sum(sorted(job.budgets.values(), reverse=True)[:max_hangs])
+    allowance = hang_allowance(job.budgets.values(), max_hangs)
     spent = 0.0
     for test_id in job.tests:
         run.append(test_id)
