@@ -503,24 +503,50 @@ def report_mutation(stage: pipeline.MutationStage) -> None:
     print(f"\nfence-audit: results in {reports / 'audit.json'}")
 
 
-def _terminated(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt  # SIGTERM (a cancelled CI job) stops the run as Ctrl-C does
+_over = False  # set once main has returned: a later interrupt is ignored
+
+
+def _in_finalizer(frame: FrameType | None) -> bool:
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    """Ctrl-C, and SIGTERM (a cancelled CI job), stop the run. One that lands while an
+    object is being finalized (a collected ``Popen``, say) would be swallowed there,
+    Python printing "Exception ignored in ..." with a traceback, and the run would go
+    on: it is delivered again a moment later, outside the finalizer."""
+    if _over:
+        return
+    if _in_finalizer(frame):
+        again = threading.Timer(0.01, signal.raise_signal, (signum,))
+        again.daemon = True
+        again.start()
+        return
+    raise KeyboardInterrupt
 
 
 def entry() -> int:
-    """The ``fence-audit`` program: :func:`main`, then no more interrupts. A Ctrl-C or
-    SIGTERM that lands once the run is over (its results and reports written) would
-    only interrupt Python's shutdown, which prints a traceback from whatever object
-    it was finalizing; the run's exit code stands."""
-    code = main()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    return code
+    """The ``fence-audit`` program: :func:`main`, with Ctrl-C kept out of finalizers,
+    then no more interrupts. One that lands once the run is over (its results and
+    reports written) would only interrupt Python's shutdown; the run's exit code
+    stands."""
+    global _over
+    signal.signal(signal.SIGINT, _stop)
+    try:
+        return main()
+    finally:
+        _over = True
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _terminated)
+        signal.signal(signal.SIGTERM, _stop)
     try:
         # A usage error is a ConfigError too (exit 1): exit 2 means the gate failed.
         return int(run(build_parser().parse_args(argv)))
