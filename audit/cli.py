@@ -503,7 +503,7 @@ def report_mutation(stage: pipeline.MutationStage) -> None:
     print(f"\nfence-audit: results in {reports / 'audit.json'}")
 
 
-_over = False  # set once main has returned: a later interrupt is ignored
+_over = threading.Event()  # set once main has returned: a later interrupt is ignored
 
 
 def _in_finalizer(frame: FrameType | None) -> bool:
@@ -519,7 +519,7 @@ def _stop(signum: int, frame: FrameType | None) -> None:
     object is being finalized (a collected ``Popen``, say) would be swallowed there,
     Python printing "Exception ignored in ..." with a traceback, and the run would go
     on: it is delivered again a moment later, outside the finalizer."""
-    if _over:
+    if _over.is_set():
         return
     if _in_finalizer(frame):
         again = threading.Timer(0.01, signal.raise_signal, (signum,))
@@ -534,12 +534,11 @@ def entry() -> int:
     then no more interrupts. One that lands once the run is over (its results and
     reports written) would only interrupt Python's shutdown; the run's exit code
     stands."""
-    global _over
     signal.signal(signal.SIGINT, _stop)
     try:
         return main()
     finally:
-        _over = True
+        _over.set()
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
