@@ -244,6 +244,12 @@ class FenceEngine:
         prefix cache); the next schedule() reports them preempted."""
         self.scheduler_side.preempt_all()
 
+    def reset_gpu_cache(self) -> bool:
+        """The engine's reset_prefix_cache() (the GPU prefix cache alone, not the
+        connector's), between steps; it does nothing and returns False while a request
+        holds blocks."""
+        return self.scheduler_side.reset_gpu_cache()
+
     def reset_cache(self) -> bool:
         """The engine's reset_prefix_cache(reset_connector=True), between steps.
 

@@ -101,6 +101,10 @@ class SchedulerSide:
     def preempt_all(self) -> None:
         self.scheduler.reset_prefix_cache(reset_running_requests=True)
 
+    def reset_gpu_cache(self) -> bool:
+        self.flush_async_output()
+        return self.scheduler.reset_prefix_cache()
+
     def reset_cache(self) -> bool:
         if self.reset_since_last_step:
             raise ValueError("reset_cache twice without a step between")

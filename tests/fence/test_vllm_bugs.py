@@ -329,3 +329,62 @@ def test_final_store_reads_only_computed_tokens(
     e.drain()
     last = (prompt + max_tokens) // 4 - 1
     assert ("a", 0, last) not in e.stored_positions()
+
+
+EAGLE_REPORT = "docs/vllm-bug-eagle-popped-chunk-reads-unstored-block.md"
+
+
+def _eagle_hit_after_an_external_load(*, eagle: bool) -> FenceEngine:
+    """4-token full-attention blocks beside a sliding-window group of 2-token blocks
+    (a window of 3 blocks, the drafter's when ``eagle``), chunks of two blocks,
+    default checkpoint
+    retention. Another connector of a MultiConnector loads request a's first 8
+    tokens, so the sliding-window manager backs only the window before token 8 and
+    leaves the group's first blocks null. a's stores then offload the sliding-window
+    chunks from there on. Once the GPU prefix cache alone is reset, b shares a's
+    first 8 tokens and loads what the CPU tier has of them."""
+    e = FenceEngine(
+        layout="mixed",
+        block_size=4,
+        sliding_block_size=2,
+        window_blocks=3,
+        blocks_per_chunk=2,
+        eagle=eagle,
+        remote_source=True,
+        retention_interval=0,
+        num_gpu_blocks=40,
+        post_step_fns=[FenceOracle()],
+    )
+    e.add_request([*range(1, 9), 1000, 1001, 1002], 2, req_id="a", remote_tokens=8)
+    e.drain()
+    assert e.reset_gpu_cache()
+    e.add_request([*range(1, 9), *range(2000, 2004)], 1, req_id="b")
+    e.drain()
+    assert any(job.req_id == "b" for job in e.ledger.load_jobs.values()), "b loaded nothing"
+    return e
+
+
+@known_bug(
+    "eagle-popped-chunk-reads-unstored-block",
+    raises=ContentViolation,
+    reason=(
+        "an EAGLE group's CPU-tier hit gives back one whole chunk, but the store's "
+        "reachability mask allows for one block: a chunk stored with a null block "
+        "the shorter hit's window reads is loaded with that block never written "
+        f"(see {EAGLE_REPORT})"
+    ),
+)
+def test_an_eagle_hit_loads_no_block_its_store_left_out() -> None:
+    """a's sliding-window block 0 (tokens 0-1) is null, and a stores chunk 0
+    (blocks 0 and 1) without it. b's hit of 8 tokens
+    gives back the drafter's volatile chunk (4 tokens), so b loads tokens 0-3, and
+    its window before token 4 reads block 0 from a CPU slot no store wrote."""
+    _eagle_hit_after_an_external_load(eagle=True)
+
+
+def test_the_same_hit_without_eagle_loads_only_stored_blocks() -> None:
+    """The case next to the bug, clean on every release: without EAGLE, b's hit ends
+    at token 8, and its window (tokens 2-7) needs sliding-window blocks 1-3, all of
+    which a stored."""
+    e = _eagle_hit_after_an_external_load(eagle=False)
+    assert e.contents.violations == []
