@@ -503,9 +503,6 @@ def report_mutation(stage: pipeline.MutationStage) -> None:
     print(f"\nfence-audit: results in {reports / 'audit.json'}")
 
 
-_over = threading.Event()  # set once main has returned: a later interrupt is ignored
-
-
 def _in_finalizer(frame: FrameType | None) -> bool:
     while frame is not None:
         if frame.f_code.co_name == "__del__":
@@ -519,8 +516,6 @@ def _stop(signum: int, frame: FrameType | None) -> None:
     object is being finalized (a collected ``Popen``, say) would be swallowed there,
     Python printing "Exception ignored in ..." with a traceback, and the run would go
     on: it is delivered again a moment later, outside the finalizer."""
-    if _over.is_set():
-        return
     if _in_finalizer(frame):
         again = threading.Timer(0.01, signal.raise_signal, (signum,))
         again.daemon = True
@@ -537,8 +532,7 @@ def entry() -> int:
     signal.signal(signal.SIGINT, _stop)
     try:
         return main()
-    finally:
-        _over.set()
+    finally:  # a timer's delivery still pending is ignored too
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
