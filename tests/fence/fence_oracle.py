@@ -348,3 +348,89 @@ def _full_tables(output: Any) -> set[str]:
         flags = getattr(cached, "resumed_from_preemption", ())
         resumed = {r for r, flag in zip(cached.req_ids, flags, strict=False) if flag}
     return {r.req_id for r in output.scheduled_new_reqs} | set(resumed)
+
+
+class StoreLiveness:
+    """L1, a liveness check every other one lacks: a chunk a request computed is
+    offered to the CPU tier. The invariants above are all safety (nothing is
+    overwritten, fenced wrongly or read stale); a connector that stores nothing
+    keeps every one of them, and so does one that skips chunks it should store.
+
+    A ``post_step_fn``, attached before the first step, that keeps, per request, the
+    offload keys of its first group and how many tokens it had computed at the end of a
+    step, and that records every key the connector hands the tier's ``prepare_store``
+    (any request's: requests sharing a prefix share its keys, and the tier only holds
+    keys offered to it). :meth:`check`, once the engine has drained, names each computed
+    chunk of a request that finished (not aborted) whose key no store ever offered.
+
+    Where it is sound, and so where the machine turns it on: one full-attention group
+    (dense: vLLM's reachable mask keeps every block), no EAGLE drafter (its group keeps
+    a trailing block back), no second connector (its loads are not the tier's); and only
+    requests that met no cache reset while running or with their final store unbuilt (a
+    reset drops pending chunks by design).
+    """
+
+    INVARIANT = "L1 computed chunks are offered to the tier"
+
+    def __init__(self, chunk_tokens: int) -> None:
+        self.chunk_tokens = chunk_tokens
+        self.keys: dict[str, list[Any]] = {}
+        self.computed: dict[str, int] = {}
+        self.excluded: set[str] = set()
+        self.offered: set[Any] = set()
+        self._wrapped: Any = None
+
+    def attach(self, engine: Any) -> None:
+        """Record the tier's offers from the engine's first step on (a post-step
+        function would see only those after the first)."""
+        self._wrap(engine.connector.manager)
+
+    def __call__(self, engine: Any) -> None:
+        self._wrap(engine.connector.manager)
+        for req_id, status in engine.connector._req_status.items():
+            keys = status.group_states[0].offload_keys
+            if len(keys) > len(self.keys.get(req_id, ())):
+                self.keys[req_id] = list(keys)
+        for req_id, request in engine.requests.items():
+            self.computed[req_id] = max(self.computed.get(req_id, 0), request.num_computed_tokens)
+
+    def reset(self, engine: Any) -> None:
+        """A cache reset: the requests alive now, and the finished ones whose final
+        store the connector has not built yet, are not held to the check."""
+        self.excluded |= {r for r, q in engine.requests.items() if not q.is_finished()}
+        self.excluded |= set(engine.connector._req_status)
+
+    def _wrap(self, manager: Any) -> None:
+        if self._wrapped is manager:
+            return
+        prepare_store = manager.prepare_store
+
+        def recording(keys: Any, *args: Any, **kwargs: Any) -> Any:
+            keys = list(keys)
+            self.offered.update(keys)
+            return prepare_store(keys, *args, **kwargs)
+
+        manager.prepare_store = recording
+        self._wrapped = manager
+
+    def check(self, engine: Any) -> list[Violation]:
+        from vllm.v1.request import RequestStatus
+
+        found: list[Violation] = []
+        for req_id, request in sorted(engine.requests.items()):
+            done = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
+            if req_id in self.excluded or request.status not in done:
+                continue
+            keys = self.keys.get(req_id, [])
+            chunks = min(len(keys), self.computed.get(req_id, 0) // self.chunk_tokens)
+            missing = [c for c in range(chunks) if keys[c] not in self.offered]
+            if missing:
+                found.append(
+                    Violation(
+                        self.INVARIANT,
+                        engine.step_no,
+                        f"request {req_id} computed chunks 0-{chunks - 1} and finished, "
+                        f"but no store offered chunks {missing} to the tier",
+                    )
+                )
+        return found

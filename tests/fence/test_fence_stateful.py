@@ -32,7 +32,7 @@ from fence_harness import (
     ContentViolation,
     FenceEngine,
 )
-from fence_oracle import FenceOracle, FenceViolation
+from fence_oracle import FenceOracle, FenceViolation, StoreLiveness
 from fence_profiles import run_machine
 from hypothesis import Phase, settings
 from hypothesis import strategies as st
@@ -121,6 +121,7 @@ class FenceMachine(RuleBasedStateMachine):
         super().__init__()
         self.engine: FenceEngine | None = None
         self.oracle = FenceOracle()
+        self.liveness: StoreLiveness | None = None
         self.next_tail = 1000
         self.actions: frozenset[str] = frozenset()
 
@@ -176,6 +177,10 @@ class FenceMachine(RuleBasedStateMachine):
 
         if layout != "mixed":
             block_sizes = (BLOCK, BLOCK)  # one group, one size
+        remote_source = remote_source and REMOTE_SOURCE
+        # the layouts where every computed chunk must be offered (StoreLiveness)
+        if layout == "full" and not eagle and not remote_source:
+            self.liveness = StoreLiveness(BLOCK * blocks_per_chunk)
         self.engine = FenceEngine(
             block_size=block_sizes[0],
             sliding_block_size=block_sizes[1],
@@ -190,7 +195,7 @@ class FenceMachine(RuleBasedStateMachine):
             second_worker_lag=second_worker_lag,
             second_rank_writes=ranks != "replicated",
             delay=delay,
-            remote_source=remote_source and REMOTE_SOURCE,
+            remote_source=remote_source,
             # vLLM's default checkpoint retention, or dense (which brings in the
             # final sliding-window tail); an EAGLE drafter's sliding-window group
             retention_interval=retention,
@@ -200,8 +205,10 @@ class FenceMachine(RuleBasedStateMachine):
             # tolerated ones, see RELEASE_TOLERANCE). The final-tail bug only where
             # the registry lists this release: elsewhere it would be a regression.
             tolerate=(*RELEASE_TOLERANCE, PREEMPTED_THEN_FINISHED, *FINAL_TAIL_TOLERANCE),
-            post_step_fns=[self.oracle],
+            post_step_fns=[self.oracle, *([self.liveness] if self.liveness else [])],
         )
+        if self.liveness is not None:
+            self.liveness.attach(self.engine)
 
     def _live(self) -> bool:
         return self.engine is not None
@@ -295,6 +302,8 @@ class FenceMachine(RuleBasedStateMachine):
     @rule()
     def reset_cache(self) -> None:
         assert self.engine is not None
+        if self.liveness is not None:
+            self.liveness.reset(self.engine)
         self.engine.reset_cache()
 
     def _can_preempt(self) -> bool:
@@ -335,6 +344,8 @@ class FenceMachine(RuleBasedStateMachine):
         engine.drain()
         assert engine.fence == {}, f"the fence did not drain: {engine.fence}"
         assert not engine.connector._jobs
+        if self.liveness is not None and (lost := self.liveness.check(engine)):
+            raise FenceViolation(lost)
 
 
 def test_random_workloads_keep_every_fence_invariant() -> None:
@@ -353,6 +364,12 @@ def _plant(monkeypatch: pytest.MonkeyPatch, cls: type, name: str, old: str, new:
     monkeypatch.setattr(cls, name, namespace[name])
 
 
+def _ci_unshrunk() -> settings:
+    """The CI profile's examples, its first failure reported unshrunk."""
+    ci = settings.get_profile("ci")
+    return settings(ci, phases=[Phase.explicit, Phase.generate], report_multiple_bugs=False)
+
+
 def test_random_workloads_find_a_planted_bug(monkeypatch: pytest.MonkeyPatch) -> None:
     """The CI budget is enough to find a real fence bug: request_finished forgets to
     fence a finished request's in-flight stores (M-A3). Same examples and program
@@ -364,8 +381,25 @@ def test_random_workloads_find_a_planted_bug(monkeypatch: pytest.MonkeyPatch) ->
         "self._block_id_to_pending_jobs.setdefault(bid, set()).add(job_id)",
         "pass",
     )
-    ci = settings.get_profile("ci")
-    budget = settings(ci, phases=[Phase.explicit, Phase.generate], report_multiple_bugs=False)
     with pytest.raises((FenceViolation, ContentViolation)) as caught:
-        run_machine(FenceMachine, budget)
+        run_machine(FenceMachine, _ci_unshrunk())
     assert "I7 registered iff finished" in str(caught.value) or "overwritten" in str(caught.value)
+
+
+def test_random_workloads_see_a_connector_that_stores_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Liveness: a connector that offers no chunk to the tier breaks no safety
+    invariant (nothing is stored, so nothing is loaded or read stale); the random
+    workloads still see it, through StoreLiveness (L1). Same examples as the CI
+    profile, without shrinking."""
+    _plant(
+        monkeypatch,
+        OffloadingConnectorScheduler,
+        "_build_store_jobs",
+        "new_offload_keys.append(offload_key)",
+        "pass",
+    )
+    with pytest.raises(FenceViolation) as caught:
+        run_machine(FenceMachine, _ci_unshrunk())
+    assert StoreLiveness.INVARIANT in str(caught.value)
