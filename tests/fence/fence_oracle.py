@@ -376,7 +376,7 @@ class StoreLiveness:
         self.chunk_tokens = chunk_tokens
         self.keys: dict[str, list[Any]] = {}
         self.computed: dict[str, int] = {}
-        self.excluded: set[str] = set()
+        self.excused: dict[str, int] = {}
         self.offered: set[Any] = set()
         self._wrapped: Any = None
 
@@ -395,10 +395,15 @@ class StoreLiveness:
             self.computed[req_id] = max(self.computed.get(req_id, 0), request.num_computed_tokens)
 
     def reset(self, engine: Any) -> None:
-        """A cache reset: the requests alive now, and the finished ones whose final
-        store the connector has not built yet, are not held to the check."""
-        self.excluded |= {r for r, q in engine.requests.items() if not q.is_finished()}
-        self.excluded |= set(engine.connector._req_status)
+        """A cache reset: the chunks that the requests alive now, and the finished
+        ones whose final store the connector has not built yet, have computed so far
+        are not held to the check (the reset may drop their stores); chunks they
+        compute after it are."""
+        met = {r for r, q in engine.requests.items() if not q.is_finished()}
+        for req_id in met | set(engine.connector._req_status):
+            request = engine.requests[req_id]
+            done = max(self.computed.get(req_id, 0), request.num_computed_tokens)
+            self.excused[req_id] = done // self.chunk_tokens
 
     def _wrap(self, manager: Any) -> None:
         if self._wrapped is manager:
@@ -419,11 +424,12 @@ class StoreLiveness:
         found: list[Violation] = []
         for req_id, request in sorted(engine.requests.items()):
             done = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
-            if req_id in self.excluded or request.status not in done:
+            if request.status not in done:
                 continue
             keys = self.keys.get(req_id, [])
             chunks = min(len(keys), self.computed.get(req_id, 0) // self.chunk_tokens)
-            missing = [c for c in range(chunks) if keys[c] not in self.offered]
+            first = self.excused.get(req_id, 0)
+            missing = [c for c in range(first, chunks) if keys[c] not in self.offered]
             if missing:
                 found.append(
                     Violation(
