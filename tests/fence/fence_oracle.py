@@ -356,18 +356,22 @@ class StoreLiveness:
     overwritten, fenced wrongly or read stale); a connector that stores nothing
     keeps every one of them, and so does one that skips chunks it should store.
 
-    A ``post_step_fn``, attached before the first step, that keeps, per request, the
-    offload keys of its first group and how many tokens it had computed at the end of a
-    step, and that records every key the connector hands the tier's ``prepare_store``
-    (any request's: requests sharing a prefix share its keys, and the tier only holds
-    keys offered to it). :meth:`check`, once the engine has drained, names each computed
-    chunk of a request that finished (not aborted) whose key no store ever offered.
+    A ``post_step_fn``, attached before the first step. Per request it keeps the
+    offload keys of its first group and the step in which each chunk was first
+    computed; it records every key the connector hands the tier's ``prepare_store``,
+    with the step of its first offer and the request that offered it (the store's
+    request context). :meth:`check`, once the engine has drained, names each computed
+    chunk of a request that finished (not aborted) that the request never offered
+    itself and that no request had offered by the step in which this one computed it.
+    The second clause admits the chunks a request did not compute itself: hits, from
+    the CPU tier or the GPU prefix cache, on a chunk another request stored. It does not
+    admit a chunk skipped and only later offered by another request sharing the prefix.
 
     Where it is sound, and so where the machine turns it on: one full-attention group
     (dense: vLLM's reachable mask keeps every block), no EAGLE drafter (its group keeps
     a trailing block back), no second connector (its loads are not the tier's); and only
-    requests that met no cache reset while running or with their final store unbuilt (a
-    reset drops pending chunks by design).
+    chunks that met no cache reset before their store was built (a reset drops pending
+    chunks by design).
     """
 
     INVARIANT = "L1 computed chunks are offered to the tier"
@@ -376,23 +380,28 @@ class StoreLiveness:
         self.chunk_tokens = chunk_tokens
         self.keys: dict[str, list[Any]] = {}
         self.computed: dict[str, int] = {}
+        self.computed_at: dict[str, list[int]] = {}
         self.excused: dict[str, int] = {}
-        self.offered: set[Any] = set()
+        self.first_offer: dict[Any, int] = {}
+        self.offered_by: dict[str, set[Any]] = {}
         self._wrapped: Any = None
 
     def attach(self, engine: Any) -> None:
         """Record the tier's offers from the engine's first step on (a post-step
         function would see only those after the first)."""
-        self._wrap(engine.connector.manager)
+        self._wrap(engine)
 
     def __call__(self, engine: Any) -> None:
-        self._wrap(engine.connector.manager)
+        self._wrap(engine)
         for req_id, status in engine.connector._req_status.items():
             keys = status.group_states[0].offload_keys
             if len(keys) > len(self.keys.get(req_id, ())):
                 self.keys[req_id] = list(keys)
         for req_id, request in engine.requests.items():
             self.computed[req_id] = max(self.computed.get(req_id, 0), request.num_computed_tokens)
+            steps = self.computed_at.setdefault(req_id, [])
+            while len(steps) < self.computed[req_id] // self.chunk_tokens:
+                steps.append(engine.step_no)
 
     def reset(self, engine: Any) -> None:
         """A cache reset: the chunks that the requests alive now, and the finished
@@ -405,14 +414,19 @@ class StoreLiveness:
             done = max(self.computed.get(req_id, 0), request.num_computed_tokens)
             self.excused[req_id] = done // self.chunk_tokens
 
-    def _wrap(self, manager: Any) -> None:
+    def _wrap(self, engine: Any) -> None:
+        manager = engine.connector.manager
         if self._wrapped is manager:
             return
         prepare_store = manager.prepare_store
 
         def recording(keys: Any, *args: Any, **kwargs: Any) -> Any:
             keys = list(keys)
-            self.offered.update(keys)
+            context = args[0] if args else kwargs.get("req_context")
+            by = self.offered_by.setdefault(getattr(context, "req_id", None), set())
+            by.update(keys)
+            for key in keys:
+                self.first_offer.setdefault(key, engine.step_no)
             return prepare_store(keys, *args, **kwargs)
 
         manager.prepare_store = recording
@@ -428,15 +442,20 @@ class StoreLiveness:
                 continue
             keys = self.keys.get(req_id, [])
             chunks = min(len(keys), self.computed.get(req_id, 0) // self.chunk_tokens)
-            first = self.excused.get(req_id, 0)
-            missing = [c for c in range(first, chunks) if keys[c] not in self.offered]
+            own = self.offered_by.get(req_id, set())
+            at = self.computed_at[req_id]
+            missing = [
+                c
+                for c in range(self.excused.get(req_id, 0), chunks)
+                if keys[c] not in own and self.first_offer.get(keys[c], at[c] + 1) > at[c]
+            ]
             if missing:
                 found.append(
                     Violation(
                         self.INVARIANT,
                         engine.step_no,
                         f"request {req_id} computed chunks 0-{chunks - 1} and finished, "
-                        f"but no store offered chunks {missing} to the tier",
+                        f"but neither it nor an earlier store offered chunks {missing} to the tier",
                     )
                 )
         return found

@@ -403,3 +403,23 @@ def test_random_workloads_see_a_connector_that_stores_nothing(
     with pytest.raises(FenceViolation) as caught:
         run_machine(FenceMachine, _ci_unshrunk())
     assert StoreLiveness.INVARIANT in str(caught.value)
+
+
+def test_random_workloads_see_a_chunk_skipped_and_offered_later_by_another(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Liveness, sharper: the chunk loop skips every chunk whose last block is GPU
+    block 1 (mutmut's ``== 0`` → ``== 1``), the first block the pool hands out. A
+    later request with the same prefix offers that chunk's key from another block,
+    so "offered by anyone" would pass; L1 wants it offered by the request itself or
+    by a store before the request computed it."""
+    _plant(
+        monkeypatch,
+        OffloadingConnectorScheduler,
+        "_build_store_jobs",
+        "if block_id == 0:\n                    continue\n",
+        "if block_id == 1:\n                    continue\n",
+    )
+    with pytest.raises(FenceViolation) as caught:
+        run_machine(FenceMachine, _ci_unshrunk())
+    assert StoreLiveness.INVARIANT in str(caught.value)
