@@ -77,6 +77,10 @@ def child_environment(base: Mapping[str, str], hf_home: Path) -> dict[str, str]:
             # in C code, beyond any signal (vLLM's test_worker.py does tensor work).
             "OMP_NUM_THREADS": "1",
             "MKL_NUM_THREADS": "1",
+            # One string hash seed: vLLM iterates sets of request ids (a step's
+            # preempted_req_ids, say) in hash order, and a mutant that only matters in
+            # some orders would be killed in one run and survive a resumed one.
+            "PYTHONHASHSEED": "0",
         }
     )
     return env

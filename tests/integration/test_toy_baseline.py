@@ -130,3 +130,22 @@ def test_test_process_has_no_network(toy) -> None:  # type: ignore[no-untyped-de
     )
     baseline, _ = run(toy, "tests/test_net.py")
     assert [t.outcome.value for t in baseline.tests] == ["passed", "passed"]
+
+
+def test_every_test_process_iterates_sets_in_one_order(toy) -> None:  # type: ignore[no-untyped-def]
+    """vLLM iterates sets of request ids in string-hash order; each test process gets
+    the same hash seed, so a verdict that depends on that order is the same in every
+    run and in a resumed one."""
+    source, _, reports = toy
+    orders = reports.parent / "orders.txt"
+    (source.root / "tests" / "test_order.py").write_text(
+        "import os\n"
+        "def test_record_the_order():\n"
+        f"    with open({str(orders)!r}, 'a') as out:\n"
+        "        out.write(' '.join({f'r{i}' for i in range(12)}) + '\\n')\n"
+    )
+    for _ in range(2):
+        baseline, _ = run(toy, "tests/test_order.py")
+        assert [t.outcome.value for t in baseline.tests] == ["passed"]
+    first, second = orders.read_text().splitlines()
+    assert first == second
