@@ -379,28 +379,21 @@ class StoreLiveness:
     def __init__(self, chunk_tokens: int) -> None:
         self.chunk_tokens = chunk_tokens
         self.keys: dict[str, list[Any]] = {}
-        self.computed: dict[str, int] = {}
+        # per request, the step in which each chunk was first computed (its length:
+        # the most chunks the request ever had computed)
         self.computed_at: dict[str, list[int]] = {}
         self.excused: dict[str, int] = {}
         self.first_offer: dict[Any, int] = {}
         self.offered_by: dict[str, set[Any]] = {}
-        self._wrapped: Any = None
-
-    def attach(self, engine: Any) -> None:
-        """Record the tier's offers from the engine's first step on (a post-step
-        function would see only those after the first)."""
-        self._wrap(engine)
 
     def __call__(self, engine: Any) -> None:
-        self._wrap(engine)
         for req_id, status in engine.connector._req_status.items():
             keys = status.group_states[0].offload_keys
             if len(keys) > len(self.keys.get(req_id, ())):
                 self.keys[req_id] = list(keys)
         for req_id, request in engine.requests.items():
-            self.computed[req_id] = max(self.computed.get(req_id, 0), request.num_computed_tokens)
             steps = self.computed_at.setdefault(req_id, [])
-            while len(steps) < self.computed[req_id] // self.chunk_tokens:
+            while len(steps) < request.num_computed_tokens // self.chunk_tokens:
                 steps.append(engine.step_no)
 
     def reset(self, engine: Any) -> None:
@@ -410,14 +403,14 @@ class StoreLiveness:
         compute after it are."""
         met = {r for r, q in engine.requests.items() if not q.is_finished()}
         for req_id in met | set(engine.connector._req_status):
-            request = engine.requests[req_id]
-            done = max(self.computed.get(req_id, 0), request.num_computed_tokens)
-            self.excused[req_id] = done // self.chunk_tokens
+            now = engine.requests[req_id].num_computed_tokens // self.chunk_tokens
+            self.excused[req_id] = max(len(self.computed_at.get(req_id, ())), now)
 
-    def _wrap(self, engine: Any) -> None:
+    def attach(self, engine: Any) -> None:
+        """Record the tier's offers from the engine's first step on (a post-step
+        function would see only those after the first). The connector keeps its
+        manager for its lifetime, so one wrapper serves every step."""
         manager = engine.connector.manager
-        if self._wrapped is manager:
-            return
         prepare_store = manager.prepare_store
 
         def recording(keys: Any, *args: Any, **kwargs: Any) -> Any:
@@ -430,20 +423,19 @@ class StoreLiveness:
             return prepare_store(keys, *args, **kwargs)
 
         manager.prepare_store = recording
-        self._wrapped = manager
 
     def check(self, engine: Any) -> list[Violation]:
         from vllm.v1.request import RequestStatus
 
+        done = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
         found: list[Violation] = []
         for req_id, request in sorted(engine.requests.items()):
-            done = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
             if request.status not in done:
                 continue
             keys = self.keys.get(req_id, [])
-            chunks = min(len(keys), self.computed.get(req_id, 0) // self.chunk_tokens)
-            own = self.offered_by.get(req_id, set())
             at = self.computed_at[req_id]
+            chunks = min(len(keys), len(at))
+            own = self.offered_by.get(req_id, set())
             missing = [
                 c
                 for c in range(self.excused.get(req_id, 0), chunks)

@@ -386,40 +386,30 @@ def test_random_workloads_find_a_planted_bug(monkeypatch: pytest.MonkeyPatch) ->
     assert "I7 registered iff finished" in str(caught.value) or "overwritten" in str(caught.value)
 
 
-def test_random_workloads_see_a_connector_that_stores_nothing(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        # stores nothing: no safety invariant breaks (nothing is stored, so nothing is
+        # loaded or read stale)
+        pytest.param("new_offload_keys.append(offload_key)", "pass", id="stores-nothing"),
+        # mutmut's == 0 -> == 1 in the chunk loop: every chunk whose last block is GPU
+        # block 1, the first the pool hands out, is skipped; a later request with the
+        # same prefix offers its key from another block, so "offered by anyone" would
+        # pass, and L1 wants the request's own offer or an earlier one
+        pytest.param(
+            "if block_id == 0:\n                    continue\n",
+            "if block_id == 1:\n                    continue\n",
+            id="skips-block-1-offered-later",
+        ),
+    ],
+)
+def test_random_workloads_see_a_connector_that_skips_stores(
+    monkeypatch: pytest.MonkeyPatch, old: str, new: str
 ) -> None:
-    """Liveness: a connector that offers no chunk to the tier breaks no safety
-    invariant (nothing is stored, so nothing is loaded or read stale); the random
-    workloads still see it, through StoreLiveness (L1). Same examples as the CI
+    """Liveness: the random workloads see a connector that leaves computed chunks
+    unoffered to the tier, through StoreLiveness (L1). Same examples as the CI
     profile, without shrinking."""
-    _plant(
-        monkeypatch,
-        OffloadingConnectorScheduler,
-        "_build_store_jobs",
-        "new_offload_keys.append(offload_key)",
-        "pass",
-    )
-    with pytest.raises(FenceViolation) as caught:
-        run_machine(FenceMachine, _ci_unshrunk())
-    assert StoreLiveness.INVARIANT in str(caught.value)
-
-
-def test_random_workloads_see_a_chunk_skipped_and_offered_later_by_another(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Liveness, sharper: the chunk loop skips every chunk whose last block is GPU
-    block 1 (mutmut's ``== 0`` → ``== 1``), the first block the pool hands out. A
-    later request with the same prefix offers that chunk's key from another block,
-    so "offered by anyone" would pass; L1 wants it offered by the request itself or
-    by a store before the request computed it."""
-    _plant(
-        monkeypatch,
-        OffloadingConnectorScheduler,
-        "_build_store_jobs",
-        "if block_id == 0:\n                    continue\n",
-        "if block_id == 1:\n                    continue\n",
-    )
+    _plant(monkeypatch, OffloadingConnectorScheduler, "_build_store_jobs", old, new)
     with pytest.raises(FenceViolation) as caught:
         run_machine(FenceMachine, _ci_unshrunk())
     assert StoreLiveness.INVARIANT in str(caught.value)

@@ -139,7 +139,6 @@ def test_every_test_process_iterates_sets_in_one_order(toy) -> None:  # type: ig
     source, _, reports = toy
     orders = reports.parent / "orders.txt"
     (source.root / "tests" / "test_order.py").write_text(
-        "import os\n"
         "def test_record_the_order():\n"
         f"    with open({str(orders)!r}, 'a') as out:\n"
         "        out.write(' '.join({f'r{i}' for i in range(12)}) + '\\n')\n"
