@@ -69,12 +69,21 @@ def baseline_inputs(
         "vLLM tests": suite.source.origin,
         "findings": _file_hash(findings_file) if findings_file is not None else "none",
     }
-    for name, value in environ.items():  # each by name, so that a rerun can say which
-        if name.startswith(ENV_PREFIXES) and name not in ENV_IGNORED:
-            inputs[f"environment {name}"] = value
+    for name, value in inherited_environment(environ).items():  # by name: a rerun says which
+        inputs[f"environment {name}"] = value
     for path in _suite_files(suite):
         inputs[f"file {path.relative_to(suite.root)}"] = _file_hash(path)
     return inputs
+
+
+def inherited_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables of ``environ`` that can change what a test does (ENV_PREFIXES),
+    sorted by name: an input of the baseline and of every verdict."""
+    return {
+        name: environ[name]
+        for name in sorted(environ)
+        if name.startswith(ENV_PREFIXES) and name not in ENV_IGNORED
+    }
 
 
 def key_of(inputs: Mapping[str, str]) -> str:

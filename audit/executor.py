@@ -11,9 +11,11 @@ verdicts can be trusted.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from audit.baseline_cache import inherited_environment
 from audit.config import Config
 from audit.errors import ExecutorFailed, ForcedFailCheckFailed
 from audit.jobs import ExecutorOptions, build_job, forced_failure
@@ -63,6 +65,9 @@ def judge(
         config.cache_dir / "results", TestHasher(suite.root, suite.plugins), vllm_version
     )
     source = target.path.read_text(encoding="utf-8")
+    # what the test processes inherit and a test can read (HYPOTHESIS_PROFILE, say):
+    # a verdict reached under one value is not the verdict under another
+    inherited = inherited_environment(os.environ)
     verdicts: dict[str, MutantResult] = {}
     jobs: list[Job] = []
     for mutant in mutants:
@@ -70,7 +75,8 @@ def judge(
             verdicts[mutant.id] = MutantResult(mutant.id, MutantStatus.NO_TESTS)
             continue
         function = f"{mutant.module}:{mutant.function}" if mutant.module else mutant.function
-        key = cache.key(mutant, function_hashes[function])
+        overrides = (env or {}).get(mutant.id, {})
+        key = cache.key(mutant, function_hashes[function], {**inherited, **overrides})
         cached = cache.lookup(mutant.id, key) if options.use_cache else None
         # A timeout is a verdict like the others: a test is judged hung on the CPU
         # time it used, or on using none while it waited (audit.testproc.judge), not
@@ -80,8 +86,8 @@ def judge(
             continue
         cache.forget(key)
         job = build_job(mutant, key, source, durations, options)
-        if env and mutant.id in env:
-            job = dataclasses.replace(job, env=dict(env[mutant.id]))
+        if overrides:
+            job = dataclasses.replace(job, env=dict(overrides))
         jobs.append(job)
     failures: dict[str, str] = {}  # judgings that ended without a verdict, and why
     try:

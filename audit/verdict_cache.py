@@ -2,24 +2,26 @@
 depends on.
 
 A key covers the engine version, the vLLM version, the mutated function's source
-hash, the mutant (id and edits) and the code its covering tests run
-(:class:`TestHasher`). Each verdict is its own file, written atomically by the
-process that reached it (:func:`audit.protocol.save_verdict`), so a run stopped
-by Ctrl-C, SIGTERM or SIGKILL resumes where it stopped and never reads half a
-verdict.
+hash, the mutant (id and edits), the code its covering tests run
+(:class:`TestHasher`), and the environment its test process gets that a test can
+read: the inherited variables of :func:`audit.baseline_cache.inherited_environment`
+(``HYPOTHESIS_PROFILE``, say) and what a second look's fork sets. Each verdict is its
+own file, written atomically by the process that reached it
+(:func:`audit.protocol.save_verdict`), so a run stopped by Ctrl-C, SIGTERM or SIGKILL
+resumes where it stopped and never reads half a verdict.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from audit.model import Mutant, MutantResult
 from audit.protocol import MutantStatus, ProtocolError, Verdict, load_verdict
 
-ENGINE_VERSION = 7  # bump when a verdict's meaning changes: old cache entries then miss
+ENGINE_VERSION = 8  # bump when a verdict's meaning changes: old cache entries then miss
 DAMAGED = "the verdict file does not hold a verdict"
 
 
@@ -36,7 +38,7 @@ class VerdictCache:
         for leftover in [*directory.glob(".*.tmp"), *directory.glob("forced-fail-*.json")]:
             leftover.unlink(missing_ok=True)
 
-    def key(self, mutant: Mutant, function_hash: str) -> str:
+    def key(self, mutant: Mutant, function_hash: str, environment: Mapping[str, str]) -> str:
         material = [
             ENGINE_VERSION,
             self.vllm_version,
@@ -44,6 +46,7 @@ class VerdictCache:
             mutant.id,
             [[e.start, e.end, list(e.new_lines)] for e in mutant.edits],
             self.hasher.tests_hash(mutant.covered_by),
+            sorted(environment.items()),
         ]
         return hashlib.sha256(json.dumps(material).encode()).hexdigest()[:32]
 

@@ -322,3 +322,21 @@ def test_the_deep_look_kills_a_survivor_only_the_longer_search_finds(toy: Toy) -
     assert run() == 0
     toy.path.write_text(apply_edits(toy.path.read_text(), rare.edits))
     assert run() == 1
+
+
+def test_a_changed_test_environment_rejudges_every_mutant(
+    toy: Toy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A verdict holds for the environment its tests ran in: the variables a test can
+    read (a Hypothesis profile, a seed) are part of its key, as of the baseline's."""
+    toy.judge()
+    monkeypatch.setenv("FENCE_TOY_KNOB", "1")
+    _, changed = toy.judge()
+    _, again = toy.judge()
+    judged = [m for m, v in changed.items() if v.status is not MutantStatus.NO_TESTS]
+    assert judged
+    assert not any(changed[m].cached for m in judged)
+    assert all(again[m].cached for m in judged)
+    monkeypatch.setenv("PATH", os.environ["PATH"] + os.pathsep + "/nonexistent")
+    _, unrelated = toy.judge()
+    assert all(unrelated[m].cached for m in judged)
