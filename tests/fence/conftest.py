@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from audit.testproc import stand_in
+
 if os.environ.get("HF_HUB_OFFLINE") != "1":
     from audit.hermetic import child_environment, prepare_hf_home
 
@@ -23,6 +25,10 @@ if os.environ.get("HF_HUB_OFFLINE") != "1":
     )
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+# vLLM 0.34.0 refuses an x86 CPU without Triton; nothing here runs a model (run by the
+# audit, its test process has this already)
+stand_in.install()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -119,8 +119,9 @@ class JobLedger:
         for transfer in transfers:
             jobs = self.store_jobs if transfer.is_store else self.load_jobs
             req_id = jobs[transfer.job_id].req_id
-            for group, index, _, _ in self.places(transfer):
-                found.add((req_id, group, index))
+            for group, index, block_id, _ in self.places(transfer):
+                if block_id != 0:  # a null placeholder (vLLM 0.34.0 on) moves no data
+                    found.add((req_id, group, index))
         return found
 
 

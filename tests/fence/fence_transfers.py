@@ -63,10 +63,32 @@ class FakeTransferWorker(OffloadingWorker):
         self.submitted: dict[int, Transfer] = {}  # every transfer ever submitted
         self.flushed: set[int] = set()  # job ids passed to wait()
         self.order: list[tuple[str, int]] = []  # ("submit"|"wait", job id), in order
+        self.kv_caches: CanonicalKVCaches | None = None  # the ones the spec was handed
+
+    def _gpu_spec(self, spec: Any) -> GPULoadStoreSpec:
+        """The GPU side of a transfer as block ids. vLLM 0.28.0-0.33.0 hand the worker
+        the GPU spec itself; 0.34.0 hands it the blocks' device pointers (for each data
+        reference of each group, the tensor's address plus the block id times its row
+        stride), which this reads back from each group's first reference."""
+        if isinstance(spec, GPULoadStoreSpec):
+            return spec
+        assert self.kv_caches is not None, "device pointers, but no KV caches registered"
+        ids: list[int] = []
+        offset = 0
+        counts = zip(spec.group_block_counts, spec.group_data_ref_counts, strict=True)
+        for group, (count, refs) in enumerate(counts):
+            if count:
+                ref = self.kv_caches.group_data_refs[group][0]
+                tensor = self.kv_caches.tensors[ref.tensor_idx].tensor
+                base, stride = tensor.data_ptr(), tensor.stride(0)
+                ids += [(int(p) - base) // stride for p in spec.ptrs[offset : offset + count]]
+            offset += count * refs
+        groups, firsts = list(spec.group_block_counts), list(spec.block_indices)
+        return GPULoadStoreSpec(ids, group_sizes=groups, block_indices=firsts)
 
     def _submit(self, job_id: int, is_store: bool, gpu: Any, cpu: Any) -> bool:
         assert self.engine is not None
-        assert isinstance(gpu, GPULoadStoreSpec)
+        gpu = self._gpu_spec(gpu)
         assert isinstance(cpu, CPULoadStoreSpec)
         if job_id in self.submitted:
             raise AssertionError(f"job {job_id} submitted twice to the worker")
@@ -186,4 +208,5 @@ class FenceOffloadingSpec(OffloadingSpec):
             and self.config.parallel.rank
         ):
             return ReplicaTransferWorker()
+        self.worker.kv_caches = kv_caches
         return self.worker

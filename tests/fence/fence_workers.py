@@ -48,6 +48,8 @@ from vllm.v1.request import Request
 if TYPE_CHECKING:
     from fence_contents import Contents
 
+_TAKES_INDEX = "req_id_to_index" in {f.name for f in dataclasses.fields(ModelRunnerOutput)}
+
 
 class WorkerSide:
     """The worker-role connector, its KV caches registered, and the fake worker it
@@ -154,9 +156,11 @@ class WorkerSide:
                 sampled.append([])  # a chunk of the prompt: nothing sampled yet
             else:
                 sampled.append([_token(req_id, computed)])
+        # vLLM 0.28.0-0.33.0 also take each request's index; 0.34.0 reads it off req_ids
+        index = {"req_id_to_index": {r: i for i, r in enumerate(req_ids)}} if _TAKES_INDEX else {}
         return ModelRunnerOutput(
             req_ids=req_ids,
-            req_id_to_index={r: i for i, r in enumerate(req_ids)},
+            **index,
             sampled_token_ids=sampled,
             logprobs=None,
             prompt_logprobs_dict={},

@@ -19,7 +19,7 @@ from audit.sources import sdist_module
 
 pytestmark = pytest.mark.network
 
-RELEASES = ("0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0")
+RELEASES = ("0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0")
 SCHEDULER = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler"
 # What the releases do not have yet, as the regions' `since` says (releases.md).
 ABSENT = {
@@ -50,6 +50,7 @@ NOT_APPLIED = {
         for release in ("0.29.0", "0.30.0", "0.31.0", "0.32.0")
     },
     "0.33.0": {},
+    "0.34.0": {},
 }
 
 
