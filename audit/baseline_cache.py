@@ -66,7 +66,8 @@ def baseline_inputs(
         "vLLM": vllm_version,
         "audited source": f"{target_path} sha256 {target_sha256}",
         "selection": json.dumps(suite.paths),
-        "vLLM tests": suite.source.origin,
+        # not the origin, which says whether the sdist came from the cache this time
+        "vLLM tests": suite.source.identity or suite.source.origin,
         "findings": _file_hash(findings_file) if findings_file is not None else "none",
     }
     for name, value in inherited_environment(environ).items():  # by name: a rerun says which

@@ -44,6 +44,9 @@ class TestSource:
     root: Path
     origin: str  # "sdist vllm-0.33.0.tar.gz (sha256 ...)" or "checkout PATH"
     checkout: bool = False
+    # what the tests are, the same whether the sdist was fetched now or read from the
+    # cache (``origin`` says which): "sdist FILE sha256 DIGEST" or "checkout PATH"
+    identity: str = ""
 
     def target_file(self, module: str) -> Path | None:
         """The checkout's copy of ``module``; None for an sdist (installed code is audited)."""
@@ -58,7 +61,8 @@ def checkout_source(path: Path, module: str) -> TestSource:
             f"--vllm-src {path} is not a vLLM checkout: {missing[0]} is missing",
             details={"next": "pass the root of a vLLM git checkout (it holds vllm/ and tests/)"},
         )
-    return TestSource(root=root, origin=f"checkout {root}", checkout=True)
+    origin = f"checkout {root}"
+    return TestSource(root=root, origin=origin, checkout=True, identity=origin)
 
 
 def sdist_tests(version: str, *, index_url: str, cache_dir: Path) -> TestSource:
@@ -71,10 +75,12 @@ def sdist_tests(version: str, *, index_url: str, cache_dir: Path) -> TestSource:
     if (tree / MARKER).is_file() and digest_file.is_file():
         digest = digest_file.read_text().strip()
         if (tree / MARKER).read_text().strip() == digest:
-            return TestSource(root=tree, origin=f"sdist {filename} (sha256 {digest[:12]}, cached)")
+            origin = f"sdist {filename} (sha256 {digest[:12]}, cached)"
+            return TestSource(tree, origin, identity=f"sdist {filename} sha256 {digest}")
     digest = sdist_archive(version, index_url=index_url, cache_dir=cache_dir)
     _extract_tests(archive, tree, f"vllm-{version}/tests/", digest)
-    return TestSource(root=tree, origin=f"sdist {filename} (sha256 {digest[:12]})")
+    origin = f"sdist {filename} (sha256 {digest[:12]})"
+    return TestSource(tree, origin, identity=f"sdist {filename} sha256 {digest}")
 
 
 def sdist_archive(version: str, *, index_url: str, cache_dir: Path) -> str:

@@ -34,6 +34,16 @@ def test_second_run_downloads_nothing(index: FakeIndex, tmp_path: Path) -> None:
     assert "cached" in again.origin
 
 
+def test_the_tests_are_the_same_fetched_or_cached(index: FakeIndex, tmp_path: Path) -> None:
+    """The baseline is keyed by what the tests are: a run after the one that fetched
+    the sdist reads it from the cache and must find its baseline kept."""
+    fetched = sdist_tests(VERSION, index_url=index.url, cache_dir=tmp_path)
+    cached = sdist_tests(VERSION, index_url=index.url, cache_dir=tmp_path)
+    assert fetched.origin != cached.origin  # what the run prints says where they came from
+    assert fetched.identity == cached.identity
+    assert fetched.identity.startswith(f"sdist vllm-{VERSION}.tar.gz sha256 ")
+
+
 def test_cached_archive_is_reextracted_without_network(index: FakeIndex, tmp_path: Path) -> None:
     source = sdist_tests(VERSION, index_url=index.url, cache_dir=tmp_path)
     (source.root / ".fence-audit-complete").unlink()
