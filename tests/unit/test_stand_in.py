@@ -33,11 +33,19 @@ def _fake_vllm(monkeypatch: pytest.MonkeyPatch, refusal: str) -> tuple[types.Mod
     return module, calls
 
 
+TRITON = "vLLM on x86 CPUs requires Triton (triton-cpu)."
+
+
+def _wrapped(monkeypatch: pytest.MonkeyPatch, refusal: str) -> tuple[types.ModuleType, list]:
+    module, calls = _fake_vllm(monkeypatch, refusal)
+    stand_in.stand_in(module)
+    return module, calls
+
+
 def test_a_refusal_for_triton_alone_is_asked_again_as_a_triton_host(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    module, calls = _fake_vllm(monkeypatch, "vLLM on x86 CPUs requires Triton (triton-cpu).")
-    stand_in.stand_in(module)
+    module, calls = _wrapped(monkeypatch, TRITON)
     module.CpuPlatform.check_and_update_config("config")
     assert calls == [(False, "config"), (True, "config")]
     assert sys.modules["vllm.triton_utils"].HAS_TRITON is False  # restored
@@ -47,23 +55,20 @@ def test_a_refusal_for_triton_alone_is_asked_again_as_a_triton_host(
 def test_a_check_that_does_not_refuse_runs_once_as_vllm_wrote_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    module, calls = _fake_vllm(monkeypatch, "")
-    stand_in.stand_in(module)
+    module, calls = _wrapped(monkeypatch, "")
     module.CpuPlatform.check_and_update_config("config")
     assert calls == [(False, "config")]
 
 
 def test_any_other_refusal_is_vllms_to_raise(monkeypatch: pytest.MonkeyPatch) -> None:
-    module, calls = _fake_vllm(monkeypatch, "block size 7 is not supported")
-    stand_in.stand_in(module)
+    module, calls = _wrapped(monkeypatch, "block size 7 is not supported")
     with pytest.raises(RuntimeError, match="block size 7"):
         module.CpuPlatform.check_and_update_config("config")
     assert calls == [(False, "config")]
 
 
 def test_the_check_is_wrapped_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    module, calls = _fake_vllm(monkeypatch, "vLLM on x86 CPUs requires Triton (triton-cpu).")
-    stand_in.stand_in(module)
+    module, calls = _wrapped(monkeypatch, TRITON)
     stand_in.stand_in(module)
     module.CpuPlatform.check_and_update_config("config")
     assert len(calls) == 2  # one refusal, one retry: not four
@@ -85,7 +90,7 @@ def test_installed_before_the_import_it_wraps_the_module_as_it_loads(
         "    @classmethod\n"
         "    def check_and_update_config(cls, vllm_config):\n"
         "        if not triton_utils.HAS_TRITON:\n"
-        "            raise RuntimeError('vLLM on x86 CPUs requires Triton (triton-cpu).')\n"
+        f"            raise RuntimeError({TRITON!r})\n"
     )
     for name in ("vllm", "vllm.platforms", "vllm.platforms.cpu", "vllm.triton_utils"):
         monkeypatch.delitem(sys.modules, name, raising=False)
