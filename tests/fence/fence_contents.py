@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from fence_findings import at_least
+
 if TYPE_CHECKING:
     from fence_harness import FenceEngine
     from fence_transfers import Transfer
@@ -39,17 +41,10 @@ FINAL_TOKEN_UNCOMPUTED = "final store of a block whose last token was never comp
 FINAL_SLIDING_WINDOW_TAIL = "final store of a sliding-window tail from a block handed on"
 
 
-def _copies_null_placeholders() -> bool:
-    """vLLM 0.34.0 on copies a stored chunk's null blocks too, as placeholders that keep
-    the chunk's later blocks at their offsets in the CPU chunk: the null block is
-    zeroed, and never fenced. Before, a store read no null block."""
-    import vllm
-
-    release = tuple(int(part) for part in vllm.__version__.split(".")[:2] if part.isdigit())
-    return release >= (0, 34)
-
-
-NULL_PLACEHOLDERS = _copies_null_placeholders()
+# vLLM 0.34.0 on copies a stored chunk's null blocks too, as placeholders that keep the
+# chunk's later blocks at their offsets in the CPU chunk: the null block is zeroed, and
+# never fenced. Before, a store read no null block.
+NULL_PLACEHOLDERS = at_least("0.34.0")
 # What the CPU slot of a null placeholder holds: no block's data.
 NULL = "the null block's zeros"
 

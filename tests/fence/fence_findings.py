@@ -21,6 +21,15 @@ FINDINGS: dict[str, dict[str, Any]] = {
 VLLM_VERSION = version("vllm")
 
 
+def at_least(release: str) -> bool:
+    """Whether the installed vLLM is ``release`` or later (by its major and minor)."""
+
+    def minor(text: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in text.split("+", 1)[0].split(".")[:2])
+
+    return minor(VLLM_VERSION) >= minor(release)
+
+
 def has_bug(finding_id: str) -> bool:
     """Whether the installed vLLM is one of the releases the registry lists for it."""
     releases = FINDINGS[finding_id]["releases"]

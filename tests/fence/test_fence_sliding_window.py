@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from fence_contents import NULL_PLACEHOLDERS
+from fence_findings import at_least
 from fence_harness import FenceEngine, Plan, StepRecord
 from fence_oracle import FenceOracle
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import (
@@ -121,7 +121,7 @@ assert PINNED_BEFORE_RETENTION.keys() == PINNED.keys()
 # chunk 0 alone, found it in the tier, then chunk 1): a one-chunk tier refuses the pair
 # (prepare_store returns None), so b stores nothing there. The oracle and the content
 # model pass either way; only what the tier keeps differs.
-if NULL_PLACEHOLDERS:  # the same release's line (fence_contents)
+if at_least("0.34.0"):
     PINNED = {**PINNED, ("mixed", 1, False, 1): ([("a", 0, 0)], [])}
 
 
