@@ -44,6 +44,7 @@ def start_baseline(
     findings: tuple[Finding, ...] = (),
     version: str = "",
     meanwhile: Callable[[], object] | None = None,
+    workers: int = 1,
 ) -> tuple[BaselineRun, WarmSession | None]:
     """Run the suite once under coverage; raise unless every selected test is green or
     fails as a known bug of this vLLM ``version`` (a finding, :mod:`audit.findings`).
@@ -51,7 +52,8 @@ def start_baseline(
     On success the test process stays, warm, as a :class:`WarmSession`. ``meanwhile``
     is called once the test process has started: work of this process that needs no
     baseline, done while the test process imports vLLM (which takes most of a core
-    for seconds) instead of after it.
+    for seconds) instead of after it. ``workers``: the tests are dealt to that many
+    processes, the test process and forks of it taken once the suite is collected.
     """
     logs = config.reports_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -72,6 +74,7 @@ def start_baseline(
         outcomes=str(outcomes_file),
         pytest_args=tuple(pytest_args(suite, work)),
         command_fd=read_end,
+        workers=workers,
     )
     spec_file = work / "baseline-spec.json"
     write_spec(spec_file, spec)
@@ -147,9 +150,10 @@ def run_baseline(
     work: Path,
     findings: tuple[Finding, ...] = (),
     version: str = "",
+    workers: int = 1,
 ) -> BaselineRun:
     """The baseline alone: the test process exits when it is done."""
-    run, session = start_baseline(config, suite, target, work, findings, version)
+    run, session = start_baseline(config, suite, target, work, findings, version, workers=workers)
     if session is not None:
         session.close()
     return run

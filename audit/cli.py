@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import signal
 import sys
 import threading
@@ -102,7 +103,10 @@ def run(args: argparse.Namespace) -> ExitCode:
         return ExitCode.OK
 
     mutating = args.command == "mutate"
-    stage = baseline(prepared, entries, reuse=mutating and not args.no_cache, prime=mutating)
+    workers = getattr(args, "jobs", None) or os.cpu_count() or 1
+    stage = baseline(
+        prepared, entries, reuse=mutating and not args.no_cache, prime=mutating, workers=workers
+    )
     reports = config.reports_dir
     if args.command == "coverage":
         stage.close()
@@ -170,10 +174,12 @@ def baseline(
     *,
     reuse: bool,
     prime: bool = False,
+    workers: int = 1,
 ) -> pipeline.CoverageStage:
     """The baseline stage; with ``reuse``, say whether it ran, and why: the inputs
-    that changed since the last run kept. ``prime``: generate the mutants meanwhile."""
-    stage = pipeline.coverage(prepared, entries, reuse=reuse, prime=prime)
+    that changed since the last run kept. ``prime``: generate the mutants meanwhile.
+    ``workers``: processes the baseline's tests are dealt to."""
+    stage = pipeline.coverage(prepared, entries, reuse=reuse, prime=prime, workers=workers)
     if not reuse:
         return stage
     if stage.reused:

@@ -213,11 +213,13 @@ def coverage(
     *,
     reuse: bool = False,
     prime: bool = False,
+    workers: int = 1,
 ) -> CoverageStage:
     """The baseline under coverage. ``reuse``: read it from the baseline cache when
     every input is as it was (no test process then starts); a run is kept there
     either way. ``prime``: mutants follow, so their generation is done while the
-    test process starts (:func:`prime_mutations`)."""
+    test process starts (:func:`prime_mutations`). ``workers``: processes the
+    baseline's tests are dealt to."""
     config = prepared.config
     work = outputs.scratch(config.reports_dir)
     outputs.claim(config.reports_dir, "logs/baseline.log")  # written by start_baseline
@@ -241,7 +243,7 @@ def coverage(
         why = tuple(cache.changed_since_last(inputs)) if reuse else ("asked for a run",)
         meanwhile = (lambda: prime_mutations(prepared)) if prime else None
         run, warm = start_baseline(
-            config, suite, prepared.target, work, prepared.findings, version, meanwhile
+            config, suite, prepared.target, work, prepared.findings, version, meanwhile, workers
         )
         cache.save(inputs, run, run.exit_code)
     try:

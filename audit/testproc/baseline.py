@@ -10,21 +10,32 @@ on its command pipe: judge mutants from a spec file (:mod:`.loop`), or exit.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+import signal
+import sys
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import coverage
 import pytest
+from _pytest.runner import runtestprotocol
 
 from audit.protocol import (
     BaselineDone,
     BaselineSpec,
     MutationSpec,
+    Outcomes,
     PlainRunSpec,
+    TestOutcome,
+    TestResult,
+    from_json,
     read_spec,
     to_json,
 )
-from audit.testproc import loop
+from audit.testproc import isolation, loop
 from audit.testproc.channel import emit, read_command
 from audit.testproc.recorder import Recorder, Select
 
@@ -37,17 +48,35 @@ class Serve:
         self.cov = cov
         self.recorder = recorder
         self.saved = False  # the coverage data, once the baseline is done
+        self.unwarmed: list[pytest.Item] = []  # tests only a fork ran: warmed on demand
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
+        parts: list[Part] = []
         if not self.recorder.collection_errors:
-            items = session.items
-            for index, item in enumerate(items):
-                nextitem = items[index + 1] if index + 1 < len(items) else None
-                item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+            mine, *theirs = deal(list(session.items), self.spec.workers)
+            # The forks are taken before any test runs here: each starts from the
+            # collected session alone, as a mutant's fork does.
+            parts = [self.fork(index, items) for index, items in enumerate(theirs, start=1)]
+            try:
+                run_items(mine)
+            except BaseException:  # interrupted: no fork outlives this process's run
+                for part in parts:
+                    os.kill(part.pid, signal.SIGKILL)
+                    os.waitpid(part.pid, 0)
+                raise
+            for part in parts:
+                part.wait()
+            order = [item.nodeid for item in session.items]
+            for part in parts:
+                outcomes = part.outcomes()
+                sys.__stdout__.write(part.report(outcomes) + "\n")  # type: ignore[union-attr]
+                self.recorder.add(outcomes, order)
+            self.unwarmed = unwarmed(mine, theirs)
         self.cov.stop()
         self.cov.save()
         self.saved = True
+        merge_coverage(self.spec.data_file, [part.data_file for part in parts])
         if self.recorder.collection_errors:
             code = int(pytest.ExitCode.INTERRUPTED)
         elif not self.recorder.collected:
@@ -66,10 +95,147 @@ class Serve:
             # Native tracebacks, as a new executor process would use: pytest's long
             # style costs ~0.5 s per killed mutant.
             session.config.option.tbstyle = "native"
+            for item in self.unwarmed:  # a fork ran them: their one-time work is here
+                runtestprotocol(item, nextitem=None, log=False)
             spec = read_spec(Path(command.spec))
             assert isinstance(spec, MutationSpec)
             loop.MutantLoop(spec).judge_all(session, warm_up=False)
         return True
+
+    def fork(self, index: int, items: list[pytest.Item]) -> Part:
+        """Run ``items`` in a fork of this process, measured by a coverage of its own."""
+        part = Part(
+            index,
+            pid=0,
+            data_file=f"{self.spec.data_file}.part{index}",
+            outcomes_file=f"{self.spec.outcomes}.part{index}",
+            tests=tuple(item.nodeid for item in items),
+        )
+        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+            if stream is not None:
+                stream.flush()
+        pid = os.fork()
+        if pid:
+            return dataclasses.replace(part, pid=pid)
+        code = 1
+        try:
+            isolation.die_with_parent()
+            # Silent: the parent writes this part's account to the log (:meth:`Part.report`).
+            reporter = items[0].config.pluginmanager.get_plugin("terminalreporter")
+            if reporter is not None:
+                items[0].config.pluginmanager.unregister(reporter)
+            # The parent's measurement is the parent's: this fork's own starts empty.
+            self.cov.stop()
+            cov = coverage.Coverage(
+                data_file=part.data_file,
+                branch=True,
+                include=list(self.spec.include),
+                config_file=False,
+            )
+            self.recorder.restart(cov)
+            cov.start()
+            run_items(items)
+            cov.stop()
+            cov.save()
+            outcomes = self.recorder.outcomes(0)
+            Path(part.outcomes_file).write_text(json.dumps(to_json(outcomes)))
+            code = 0
+        finally:
+            os._exit(code)
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """The tests of the baseline one fork ran, and where it left their results."""
+
+    index: int
+    pid: int
+    data_file: str
+    outcomes_file: str
+    tests: tuple[str, ...]
+
+    def wait(self) -> None:
+        _, status = os.waitpid(self.pid, 0)
+        if status and not Path(self.outcomes_file).is_file():
+            Path(self.outcomes_file).write_text(
+                json.dumps(to_json(self.lost(os.waitstatus_to_exitcode(status))))
+            )
+
+    def lost(self, exit_status: int) -> Outcomes:
+        why = (
+            f"the baseline's fork {self.index} ended with exit status {exit_status} "
+            "before it wrote its outcomes"
+        )
+        return Outcomes(
+            exit_code=int(pytest.ExitCode.INTERNAL_ERROR),
+            collected=len(self.tests),
+            collection_errors=(),
+            tests=tuple(TestResult(t, TestOutcome.ERROR, 0.0, why) for t in self.tests),
+        )
+
+    def report(self, outcomes: Outcomes) -> str:
+        """This part's account for the log: its tests by outcome, and each red one's end."""
+        counts = Counter(test.outcome.value for test in outcomes.tests)
+        tally = ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items()))
+        lines = [f"\n# fork {self.index} of the baseline ran {len(self.tests)} tests: {tally}"]
+        for test in outcomes.tests:
+            if test.outcome.is_red:
+                lines += [f"# {test.outcome.value}: {test.test_id}", test.failure]
+        return "\n".join(lines)
+
+    def outcomes(self) -> Outcomes:
+        path = Path(self.outcomes_file)
+        if not path.is_file():
+            return self.lost(-1)
+        outcomes = from_json(Outcomes, json.loads(path.read_text()))
+        path.unlink()
+        return outcomes
+
+
+def deal(items: list[pytest.Item], workers: int) -> list[list[pytest.Item]]:
+    """The collected tests dealt to ``workers`` processes, in turn, each in order: a
+    test's parametrizations sit side by side, so each process gets its share of them."""
+    workers = max(1, min(workers, len(items)))
+    return [items[index::workers] for index in range(workers)]
+
+
+def run_items(items: list[pytest.Item]) -> None:
+    for index, item in enumerate(items):
+        nextitem = items[index + 1] if index + 1 < len(items) else None
+        item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+
+
+def unwarmed(mine: list[pytest.Item], theirs: list[list[pytest.Item]]) -> list[pytest.Item]:
+    """One test of each test function that only forks ran: the mutants' forks start
+    from this process, and a function's first run pays one-time work (imports)."""
+    ran = {_function(item) for item in mine}
+    chosen: dict[str, pytest.Item] = {}
+    for items in theirs:
+        for item in items:
+            name = _function(item)
+            if name not in ran:
+                chosen.setdefault(name, item)
+    return list(chosen.values())
+
+
+def _function(item: pytest.Item) -> str:
+    return item.nodeid.partition("[")[0]
+
+
+def merge_coverage(data_file: str, parts: list[str]) -> None:
+    """Add each fork's measurement to this process's data file, then remove it."""
+    if not parts:
+        return
+    data = coverage.CoverageData(basename=data_file)
+    data.read()
+    for part in parts:
+        path = Path(part)
+        if path.is_file():
+            other = coverage.CoverageData(basename=part)
+            other.read()
+            data.update(other)
+            path.unlink()
+    data.write()
 
 
 def write_outcomes(spec: BaselineSpec, recorder: Recorder, exit_code: int) -> None:

@@ -57,6 +57,18 @@ class Recorder:
             wasxfail = hasattr(report, "wasxfail")
             test.outcome = TestOutcome.XFAILED if wasxfail else TestOutcome.SKIPPED
 
+    def restart(self, cov: coverage.Coverage) -> None:
+        """Record afresh, into ``cov`` (in a fork that runs a part of the baseline)."""
+        self.cov = cov
+        self.tests = {}
+
+    def add(self, outcomes: Outcomes, order: list[str]) -> None:
+        """Take in the outcomes a fork recorded; keep the tests in ``order``."""
+        for test in outcomes.tests:
+            self.tests[test.test_id] = _Tally(test.outcome, test.duration_s, test.failure)
+        rank = {test_id: index for index, test_id in enumerate(order)}
+        self.tests = dict(sorted(self.tests.items(), key=lambda kv: rank.get(kv[0], len(rank))))
+
     @property
     def red(self) -> bool:
         return any(t.outcome.is_red for t in self.tests.values())

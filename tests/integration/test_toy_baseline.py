@@ -42,7 +42,7 @@ def toy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[TestSource, Ta
     return TestSource(root=root, origin="toy"), target, tmp_path / "reports"
 
 
-def run(toy: tuple[TestSource, Target, Path], *paths: str):  # type: ignore[no-untyped-def]
+def run(toy: tuple[TestSource, Target, Path], *paths: str, workers: int = 1):  # type: ignore[no-untyped-def]
     source, target, reports = toy
     config = dataclasses.replace(
         load_config(),
@@ -54,7 +54,7 @@ def run(toy: tuple[TestSource, Target, Path], *paths: str):  # type: ignore[no-u
     )
     entries = tuple(SuitePath("vllm", p) for p in paths)
     suite = stage_suite(config, source, entries, reports / ".work")
-    return run_baseline(config, suite, target, reports / ".work"), config
+    return run_baseline(config, suite, target, reports / ".work", workers=workers), config
 
 
 def test_each_line_maps_to_the_tests_that_ran_it(toy) -> None:  # type: ignore[no-untyped-def]
@@ -106,6 +106,61 @@ def test_red_baseline_names_the_failing_test_and_the_log(toy) -> None:  # type: 
     assert "1 of 5 tests failed" in info.value.summary
     assert "tests/test_red.py::test_always_red" in info.value.details["failed"]
     assert Path(info.value.details["log"]).is_file()
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_tests_dealt_to_forks_give_the_baseline_of_one_process(toy, workers) -> None:  # type: ignore[no-untyped-def]
+    """The baseline's tests dealt to several processes: the same tests, outcomes and
+    order, and the same lines and arcs under each test's context, as in one."""
+    paths = ("tests/test_fence.py", "tests/test_machine.py", "tests/test_handoff.py")
+    alone, _ = run(toy, *paths)
+    alone_arcs = _arcs_by_context(alone)
+    shutil.rmtree(toy[2])
+    dealt, _ = run(toy, *paths, workers=workers)
+    assert [(t.test_id, t.outcome) for t in dealt.tests] == [
+        (t.test_id, t.outcome) for t in alone.tests
+    ]
+    assert len(alone.tests) > workers  # every process had a test
+    assert _arcs_by_context(dealt) == alone_arcs
+    assert coverage_map.build_coverage_map(dealt, "toy").lines == (
+        coverage_map.build_coverage_map(alone, "toy").lines
+    )
+    assert not list(Path(dealt.data_file).parent.glob("*.part*"))  # the forks' files merged
+
+
+def test_a_red_test_in_a_fork_stops_the_baseline(toy) -> None:  # type: ignore[no-untyped-def]
+    # Dealt in turn, the red test (the fifth) falls to the second process.
+    with pytest.raises(BaselineFailed) as info:
+        run(toy, "tests/test_fence.py", "tests/test_red.py", workers=2)
+    assert "1 of 5 tests failed" in info.value.summary
+    assert "tests/test_red.py::test_always_red" in info.value.details["failed"]
+
+
+def test_a_fork_that_dies_leaves_its_tests_red(toy) -> None:  # type: ignore[no-untyped-def]
+    source, _, reports = toy
+    (source.root / "tests" / "test_exit.py").write_text(
+        "import os\n"
+        "def test_first():\n    pass\n"
+        "def test_ends_its_process():\n    os._exit(3)\n"
+    )
+    with pytest.raises(BaselineFailed) as info:
+        run(toy, "tests/test_exit.py", workers=2)
+    assert "tests/test_exit.py::test_ends_its_process" in info.value.details["failed"]
+    log = (reports / "logs" / "baseline.log").read_text()
+    assert "the baseline's fork 1 ended with exit status 3" in log
+
+
+def _arcs_by_context(baseline) -> dict[str, set[tuple[int, int]]]:  # type: ignore[no-untyped-def]
+    import coverage
+
+    data = coverage.CoverageData(basename=baseline.data_file)
+    data.read()
+    arcs: dict[str, set[tuple[int, int]]] = {}
+    for context in data.measured_contexts():
+        data.set_query_contexts([context])
+        for file in data.measured_files():
+            arcs.setdefault(context, set()).update(data.arcs(file) or ())
+    return arcs
 
 
 def test_selection_without_tests_is_its_own_error(toy) -> None:  # type: ignore[no-untyped-def]
