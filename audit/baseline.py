@@ -12,7 +12,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from audit.baseline_cache import CachedBaseline
@@ -45,6 +45,7 @@ def start_baseline(
     version: str = "",
     meanwhile: Callable[[], object] | None = None,
     workers: int = 1,
+    costs: Mapping[str, float] | None = None,
 ) -> tuple[BaselineRun, WarmSession | None]:
     """Run the suite once under coverage; raise unless every selected test is green or
     fails as a known bug of this vLLM ``version`` (a finding, :mod:`audit.findings`).
@@ -53,7 +54,8 @@ def start_baseline(
     is called once the test process has started: work of this process that needs no
     baseline, done while the test process imports vLLM (which takes most of a core
     for seconds) instead of after it. ``workers``: the tests are dealt to that many
-    processes, the test process and forks of it taken once the suite is collected.
+    processes, the test process and forks of it taken once the suite is collected,
+    balanced by ``costs`` (a test's seconds in an earlier run) where known.
     """
     logs = config.reports_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -75,6 +77,7 @@ def start_baseline(
         pytest_args=tuple(pytest_args(suite, work)),
         command_fd=read_end,
         workers=workers,
+        costs=dict(costs or {}),
     )
     spec_file = work / "baseline-spec.json"
     write_spec(spec_file, spec)

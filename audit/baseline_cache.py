@@ -151,6 +151,17 @@ class BaselineCache:
         names = sorted(set(last) | set(inputs))
         return [_why(name, last, inputs) for name in names if last.get(name) != inputs.get(name)]
 
+    def last_durations(self, inputs: Mapping[str, str]) -> dict[str, float]:
+        """Each test's duration in the newest entry of the same selection (what the
+        baseline deals its tests by); empty when there is none."""
+        try:
+            last = json.loads(self._last(inputs).read_text(encoding="utf-8"))
+            entry = self.directory / key_of(last) / "outcomes.json"
+            tests = json.loads(entry.read_text(encoding="utf-8"))["tests"]
+            return {str(t["test_id"]): float(t["duration_s"]) for t in tests}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return {}
+
     def _last(self, inputs: Mapping[str, str]) -> Path:
         selection = hashlib.sha256(inputs["selection"].encode()).hexdigest()[:16]
         return self.directory / f"last-{selection}.json"

@@ -243,7 +243,15 @@ def coverage(
         why = tuple(cache.changed_since_last(inputs)) if reuse else ("asked for a run",)
         meanwhile = (lambda: prime_mutations(prepared)) if prime else None
         run, warm = start_baseline(
-            config, suite, prepared.target, work, prepared.findings, version, meanwhile, workers
+            config,
+            suite,
+            prepared.target,
+            work,
+            prepared.findings,
+            version,
+            meanwhile,
+            workers,
+            cache.last_durations(inputs) if workers > 1 else None,
         )
         cache.save(inputs, run, run.exit_code)
     try:

@@ -109,6 +109,8 @@ class BaselineSpec:
     # Processes the tests are dealt to: this one and workers - 1 forks of it, taken
     # once the session is collected (each measures its own tests, then all is merged).
     workers: int = 1
+    # test id -> its seconds in an earlier run: the tests are dealt by them
+    costs: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

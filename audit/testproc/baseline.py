@@ -54,7 +54,7 @@ class Serve:
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
         parts: list[Part] = []
         if not self.recorder.collection_errors:
-            mine, *theirs = deal(list(session.items), self.spec.workers)
+            mine, *theirs = deal(list(session.items), self.spec.workers, self.spec.costs)
             # The forks are taken before any test runs here: each starts from the
             # collected session alone, as a mutant's fork does.
             parts = [self.fork(index, items) for index, items in enumerate(theirs, start=1)]
@@ -192,11 +192,29 @@ class Part:
         return outcomes
 
 
-def deal(items: list[pytest.Item], workers: int) -> list[list[pytest.Item]]:
-    """The collected tests dealt to ``workers`` processes, in turn, each in order: a
-    test's parametrizations sit side by side, so each process gets its share of them."""
+def deal(
+    items: list[pytest.Item], workers: int, costs: dict[str, float] | None = None
+) -> list[list[pytest.Item]]:
+    """The collected tests dealt to ``workers`` processes, each part in collection order.
+
+    With ``costs`` (seconds by test id, from an earlier run) the longest test goes
+    first to the part with the least so far; a test without one costs the median. Without
+    any, the tests are dealt in turn: a test's parametrizations sit side by side, so
+    each process gets its share of them.
+    """
     workers = max(1, min(workers, len(items)))
-    return [items[index::workers] for index in range(workers)]
+    known = sorted(c for c in (costs or {}).values())
+    if not known:
+        return [items[index::workers] for index in range(workers)]
+    median = known[len(known) // 2]
+    cost = [(costs or {}).get(item.nodeid, median) for item in items]
+    loads = [0.0] * workers
+    dealt: list[list[int]] = [[] for _ in range(workers)]
+    for index in sorted(range(len(items)), key=lambda i: (-cost[i], i)):
+        part = min(range(workers), key=lambda p: (loads[p], p))
+        loads[part] += cost[index]
+        dealt[part].append(index)
+    return [[items[i] for i in sorted(indices)] for indices in dealt]
 
 
 def run_items(items: list[pytest.Item]) -> None:

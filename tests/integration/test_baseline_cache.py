@@ -101,6 +101,9 @@ def test_each_input_changes_the_key_and_a_rerun_says_which(toy: Toy) -> None:  #
     toy.path.write_text(toy.path.read_text() + "\n# an edit\n")
     assert "audited source changed" in cache.changed_since_last(inputs_of(toy))
     assert cache.load(first) is not None  # the old entry is still there, whole
+    # What the next run deals its tests by: the last entry's durations, inputs changed.
+    assert cache.last_durations(inputs_of(toy)) == {t.test_id: t.duration_s for t in run.tests}
+    assert cache.last_durations({**first, "selection": "another"}) == {}
 
 
 def test_a_damaged_entry_is_not_read(toy: Toy) -> None:  # noqa: F811

@@ -139,9 +139,7 @@ def test_a_red_test_in_a_fork_stops_the_baseline(toy) -> None:  # type: ignore[n
 def test_a_fork_that_dies_leaves_its_tests_red(toy) -> None:  # type: ignore[no-untyped-def]
     source, _, reports = toy
     (source.root / "tests" / "test_exit.py").write_text(
-        "import os\n"
-        "def test_first():\n    pass\n"
-        "def test_ends_its_process():\n    os._exit(3)\n"
+        "import os\ndef test_first():\n    pass\ndef test_ends_its_process():\n    os._exit(3)\n"
     )
     with pytest.raises(BaselineFailed) as info:
         run(toy, "tests/test_exit.py", workers=2)
