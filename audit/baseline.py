@@ -10,12 +10,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 
-from audit.baseline_cache import CachedBaseline
+from coverage import CoverageData
+
+from audit.baseline_cache import CachedBaseline, Rerun
 from audit.config import Config
 from audit.errors import BaselineFailed, NoTestsSelected
 from audit.findings import Finding, sort_red
@@ -45,7 +48,7 @@ def start_baseline(
     version: str = "",
     meanwhile: Callable[[], object] | None = None,
     workers: int = 1,
-    costs: Mapping[str, float] | None = None,
+    rerun: Rerun | None = None,
 ) -> tuple[BaselineRun, WarmSession | None]:
     """Run the suite once under coverage; raise unless every selected test is green or
     fails as a known bug of this vLLM ``version`` (a finding, :mod:`audit.findings`).
@@ -54,8 +57,9 @@ def start_baseline(
     is called once the test process has started: work of this process that needs no
     baseline, done while the test process imports vLLM (which takes most of a core
     for seconds) instead of after it. ``workers``: the tests are dealt to that many
-    processes, the test process and forks of it taken once the suite is collected,
-    balanced by ``costs`` (a test's seconds in an earlier run) where known.
+    processes, the test process and forks of it taken once the suite is collected.
+    ``rerun``:
+    only its test files run; the other tests' outcomes and coverage are its entry's.
     """
     logs = config.reports_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -77,7 +81,7 @@ def start_baseline(
         pytest_args=tuple(pytest_args(suite, work)),
         command_fd=read_end,
         workers=workers,
-        costs=dict(costs or {}),
+        run_only=rerun.files if rerun is not None else (),
     )
     spec_file = work / "baseline-spec.json"
     write_spec(spec_file, spec)
@@ -85,6 +89,11 @@ def start_baseline(
     started = time.monotonic()
     with log.open("w") as out:
         out.write(f"# vLLM tests: {suite.source.origin}\n# selection: {suite.selection}\n")
+        if rerun is not None:
+            out.write(
+                f"# only {', '.join(rerun.files)} run again ({'; '.join(rerun.why)}); the "
+                f"other tests are read from the baseline cache ({rerun.kept.log.parent})\n"
+            )
         process = spawn(config, suite, spec_file, pass_fds=(read_end,))
         os.close(read_end)
         session = WarmSession(process, write_end, log)
@@ -108,6 +117,10 @@ def start_baseline(
         returncode = process.wait()
     try:
         run = _check_outcomes(returncode, outcomes_file, suite, target, data_file, log, duration)
+        if rerun is not None:
+            order = from_json(Outcomes, json.loads(outcomes_file.read_text())).order
+            run = _with_kept(run, rerun, order)
+            returncode = run.exit_code
         run = _sort_findings(run, returncode, findings, version)
     except BaseException:
         session.close()
@@ -206,6 +219,29 @@ def _check_outcomes(
         log=log,
         duration_s=duration,
         exit_code=returncode,
+    )
+
+
+def _with_kept(run: BaselineRun, rerun: Rerun, order: tuple[str, ...]) -> BaselineRun:
+    """``run`` (the rerun files' tests) completed by the kept entry's other tests: their
+    outcomes, and their coverage contexts copied into the run's data file."""
+    again = set(rerun.files)
+    kept = [t for t in rerun.kept.tests if t.test_id.partition("::")[0] not in again]
+    data = CoverageData(basename=str(run.data_file))
+    data.read()
+    old = CoverageData(basename=str(rerun.kept.coverage))
+    old.read()
+    for test in kept:
+        old.set_query_contexts([f"^{re.escape(test.test_id)}$"])
+        arcs = {f: old.arcs(f) or [] for f in old.measured_files()}
+        data.set_context(test.test_id)
+        data.add_arcs({f: a for f, a in arcs.items() if a})
+    data.write()
+    rank = {test_id: index for index, test_id in enumerate(order)}  # the collection's
+    tests = sorted((*kept, *run.tests), key=lambda t: rank.get(t.test_id, len(rank)))
+    red = any(t.outcome.is_red for t in tests)
+    return dataclasses.replace(
+        run, tests=tuple(tests), exit_code=PYTEST_TESTS_FAILED if red else run.exit_code
     )
 
 

@@ -20,6 +20,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -49,6 +50,15 @@ class CachedBaseline:
     duration_s: float  # of the run that made the entry
     coverage: Path  # its coverage data file
     log: Path
+
+
+@dataclass(frozen=True, slots=True)
+class Rerun:
+    """A baseline that runs only some test files again; the rest is read from ``kept``."""
+
+    kept: CachedBaseline
+    files: tuple[str, ...]  # relative to the suite root: changed, new or gone
+    why: tuple[str, ...]
 
 
 def baseline_inputs(
@@ -151,16 +161,33 @@ class BaselineCache:
         names = sorted(set(last) | set(inputs))
         return [_why(name, last, inputs) for name in names if last.get(name) != inputs.get(name)]
 
-    def last_durations(self, inputs: Mapping[str, str]) -> dict[str, float]:
-        """Each test's duration in the newest entry of the same selection (what the
-        baseline deals its tests by); empty when there is none."""
+    def partial(self, inputs: Mapping[str, str], suite: Suite) -> Rerun | None:
+        """When the only inputs changed since the newest entry of the same selection are
+        test files that no other file of the suite names (so imports), that entry and
+        the files to run again; None when the whole baseline must run."""
         try:
             last = json.loads(self._last(inputs).read_text(encoding="utf-8"))
-            entry = self.directory / key_of(last) / "outcomes.json"
-            tests = json.loads(entry.read_text(encoding="utf-8"))["tests"]
-            return {str(t["test_id"]): float(t["duration_s"]) for t in tests}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            return {}
+        except (OSError, ValueError):
+            return None
+        if not isinstance(last, dict):
+            return None
+        changed = sorted(n for n in set(last) | set(inputs) if last.get(n) != inputs.get(n))
+        files = [name.removeprefix("file ") for name in changed]
+        if not changed or any(
+            not name.startswith("file ") or not Path(f).name.startswith("test_")
+            for name, f in zip(changed, files, strict=True)
+        ):
+            return None
+        for name in inputs:
+            other = name.removeprefix("file ")
+            if name.startswith("file ") and other not in files:
+                text = (suite.root / other).read_text(encoding="utf-8", errors="replace")
+                if any(re.search(rf"\b{re.escape(Path(f).stem)}\b", text) for f in files):
+                    return None  # it may import a changed test module
+        kept = self.load(last)
+        if kept is None:
+            return None
+        return Rerun(kept, tuple(files), tuple(_why(n, last, inputs) for n in changed))
 
     def _last(self, inputs: Mapping[str, str]) -> Path:
         selection = hashlib.sha256(inputs["selection"].encode()).hexdigest()[:16]

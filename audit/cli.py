@@ -191,7 +191,16 @@ def baseline(
         shown = "; ".join(stage.why[:6]) + (
             f"; and {len(stage.why) - 6} more" if len(stage.why) > 6 else ""
         )
-        print(f"fence-audit: baseline ran again: {shown}")
+        if stage.rerun:
+            again = {t.test_id.partition("::")[0] for t in stage.run.tests} & set(stage.rerun)
+            ran = sum(t.test_id.partition("::")[0] in again for t in stage.run.tests)
+            print(
+                f"fence-audit: baseline ran again for {len(stage.rerun)} test file(s) only "
+                f"({shown}): {ran} tests run, the other {len(stage.run.tests) - ran} read "
+                "from the cache"
+            )
+        else:
+            print(f"fence-audit: baseline ran again: {shown}")
     else:
         print("fence-audit: baseline ran: none kept for this selection yet")
     return stage

@@ -101,6 +101,7 @@ class CoverageStage:
     warm: WarmSession | None  # the baseline's process, kept for the mutants; close it
     reused: bool = False  # read from the baseline cache: no test process ran
     why: tuple[str, ...] = ()  # the inputs that changed since the last run kept, if it ran
+    rerun: tuple[str, ...] = ()  # the test files it ran when only they changed (the rest kept)
 
     def close(self) -> None:
         if self.warm is not None:
@@ -241,6 +242,7 @@ def coverage(
         why: tuple[str, ...] = ()
     else:
         why = tuple(cache.changed_since_last(inputs)) if reuse else ("asked for a run",)
+        rerun = cache.partial(inputs, suite) if reuse else None
         meanwhile = (lambda: prime_mutations(prepared)) if prime else None
         run, warm = start_baseline(
             config,
@@ -251,7 +253,7 @@ def coverage(
             version,
             meanwhile,
             workers,
-            cache.last_durations(inputs) if workers > 1 else None,
+            rerun,
         )
         cache.save(inputs, run, run.exit_code)
     try:
@@ -266,7 +268,16 @@ def coverage(
             warm.close()
         raise
     return CoverageStage(
-        prepared, suite, run, cmap, regions, after, warm, reused=cached is not None, why=why
+        prepared,
+        suite,
+        run,
+        cmap,
+        regions,
+        after,
+        warm,
+        reused=cached is not None,
+        why=why,
+        rerun=rerun.files if rerun is not None else (),
     )
 
 

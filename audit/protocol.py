@@ -109,8 +109,9 @@ class BaselineSpec:
     # Processes the tests are dealt to: this one and workers - 1 forks of it, taken
     # once the session is collected (each measures its own tests, then all is merged).
     workers: int = 1
-    # test id -> its seconds in an earlier run: the tests are dealt by them
-    costs: dict[str, float] = dataclasses.field(default_factory=dict)
+    # Run only the tests of these files (the rest is read from the baseline cache);
+    # every test is still collected, for the mutants. Empty: run them all.
+    run_only: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +249,9 @@ class Outcomes:
     collected: int
     collection_errors: tuple[tuple[str, str], ...]  # (node id, the report's last lines)
     tests: tuple[TestResult, ...]
+    # Every collected test id, in order, when only some ran (``BaselineSpec.run_only``):
+    # where the tests read from the baseline cache go among them.
+    order: tuple[str, ...] = ()
 
 
 # --- events: a test process's progress, on its stdout -------------------------------

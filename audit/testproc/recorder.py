@@ -73,7 +73,7 @@ class Recorder:
     def red(self) -> bool:
         return any(t.outcome.is_red for t in self.tests.values())
 
-    def outcomes(self, exit_code: int) -> Outcomes:
+    def outcomes(self, exit_code: int, order: tuple[str, ...] = ()) -> Outcomes:
         return Outcomes(
             exit_code=exit_code,
             collected=self.collected,
@@ -82,6 +82,7 @@ class Recorder:
                 TestResult(test_id, t.outcome, t.duration_s, t.failure)
                 for test_id, t in self.tests.items()
             ),
+            order=order,
         )
 
 

@@ -4,6 +4,8 @@ and then the same coverage, the same covering tests, the same verdicts."""
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 from test_toy_mutation import FAST, REGIONS, Toy, toy  # noqa: F401  (the fixture)
 
@@ -101,9 +103,6 @@ def test_each_input_changes_the_key_and_a_rerun_says_which(toy: Toy) -> None:  #
     toy.path.write_text(toy.path.read_text() + "\n# an edit\n")
     assert "audited source changed" in cache.changed_since_last(inputs_of(toy))
     assert cache.load(first) is not None  # the old entry is still there, whole
-    # What the next run deals its tests by: the last entry's durations, inputs changed.
-    assert cache.last_durations(inputs_of(toy)) == {t.test_id: t.duration_s for t in run.tests}
-    assert cache.last_durations({**first, "selection": "another"}) == {}
 
 
 def test_a_damaged_entry_is_not_read(toy: Toy) -> None:  # noqa: F811
@@ -124,3 +123,95 @@ def test_a_damaged_entry_is_not_read(toy: Toy) -> None:  # noqa: F811
     assert cache.load(inputs) is not None
     (entry / "baseline.coverage").unlink()
     assert cache.load(inputs) is None
+
+
+def staged_dir(toy: Toy) -> tuple[Suite, Target]:  # noqa: F811
+    """The toy's whole tests/ folder, as from a checkout (its files hashed one by one)."""
+    source = TestSource(root=toy.root, origin="toy", checkout=True)
+    work = toy.config.reports_dir / ".work"
+    (toy.root / "tests" / "test_red.py").unlink(missing_ok=True)
+    (toy.root / "tests" / "test_empty.py").unlink(missing_ok=True)
+    suite = stage_suite(toy.config, source, (SuitePath("vllm", "tests"),), work)
+    target = Target("toypkg.fence", toy.path, toy.path, sha256_file(toy.path))
+    return suite, target
+
+
+def _arcs(run) -> dict[str, set[tuple[int, int]]]:  # type: ignore[no-untyped-def]
+    import coverage
+
+    data = coverage.CoverageData(basename=str(run.data_file))
+    data.read()
+    arcs: dict[str, set[tuple[int, int]]] = {}
+    for context in data.measured_contexts():
+        data.set_query_contexts([f"^{re.escape(context)}$"])
+        for file in data.measured_files():
+            arcs.setdefault(context, set()).update(data.arcs(file) or ())
+    return {c: a for c, a in arcs.items() if c}  # the import-time context aside
+
+
+def test_when_only_test_files_changed_only_they_run_again(toy: Toy) -> None:  # noqa: F811
+    suite, target = staged_dir(toy)
+    work = toy.config.reports_dir / ".work"
+    cache = BaselineCache(toy.config.cache_dir / "baselines")
+    first, _ = start_baseline(toy.config, suite, target, work)
+    cache.save(baseline_inputs(suite, target.path, target.sha256, "toy", None, {}), first, 0)
+    handoff = toy.root / "tests" / "test_handoff.py"
+    handoff.write_text(
+        handoff.read_text() + "\ndef test_handoff_twice():\n    assert Fence().handoff(2) == 2\n"
+    )
+    (toy.root / "tests" / "test_more.py").write_text(
+        "from toypkg.fence import Fence\n\n"
+        "def test_register_once():\n    f = Fence()\n    f.register(1, [4])\n"
+    )
+    suite, target = staged_dir(toy)
+    inputs = baseline_inputs(suite, target.path, target.sha256, "toy", None, {})
+    rerun = cache.partial(inputs, suite)
+    assert rerun is not None
+    assert rerun.files == ("tests/test_handoff.py", "tests/test_more.py")
+    partial, session = start_baseline(toy.config, suite, target, work, rerun=rerun)
+    assert session is not None
+    session.close()
+    log = partial.log.read_text()
+    assert "only tests/test_handoff.py, tests/test_more.py run again" in log
+    # The same baseline as a whole run of the edited suite: outcomes, order, coverage.
+    whole, _ = start_baseline(toy.config, suite, target, toy.config.reports_dir / ".whole")
+    assert [(t.test_id, t.outcome) for t in partial.tests] == [
+        (t.test_id, t.outcome) for t in whole.tests
+    ]
+    assert _arcs(partial) == _arcs(whole)
+    before = {t.test_id: t.duration_s for t in first.tests}
+    kept = [t for t in partial.tests if t.test_id.partition("::")[0] not in rerun.files]
+    assert kept
+    assert all(before[t.test_id] == t.duration_s for t in kept)  # read back, not run
+    ran = {t.test_id for t in partial.tests} - {t.test_id for t in first.tests}
+    assert ran == {
+        "tests/test_handoff.py::test_handoff_twice",
+        "tests/test_more.py::test_register_once",
+    }
+
+
+def test_a_changed_helper_or_imported_test_module_runs_the_whole_baseline(toy: Toy) -> None:  # noqa: F811
+    tests = toy.root / "tests"
+    (tests / "test_uses_fence.py").write_text("from tests.test_fence import *  # noqa\n")
+    suite, target = staged_dir(toy)
+    cache = BaselineCache(toy.config.cache_dir / "baselines")
+    run, _ = start_baseline(toy.config, suite, target, toy.config.reports_dir / ".work")
+    cache.save(baseline_inputs(suite, target.path, target.sha256, "toy", None, {}), run, 0)
+
+    def partial_after(path: Path, text: str):  # type: ignore[no-untyped-def]
+        path.write_text(text)
+        suite, target = staged_dir(toy)
+        inputs = baseline_inputs(suite, target.path, target.sha256, "toy", None, {})
+        return cache.partial(inputs, suite)
+
+    assert partial_after(tests / "helpers.py", "LIMIT = 3\n") is None  # not a test file
+    (tests / "helpers.py").unlink()
+    fence = tests / "test_fence.py"
+    original = fence.read_text()
+    # test_uses_fence.py, unchanged, names it (so may import it): everything runs
+    assert partial_after(fence, original + "\n# an edit\n") is None
+    fence.write_text(original)
+    handoff = tests / "test_handoff.py"
+    rerun = partial_after(handoff, handoff.read_text() + "\n# an edit\n")
+    assert rerun is not None
+    assert rerun.why == ("file tests/test_handoff.py changed",)

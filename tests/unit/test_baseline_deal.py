@@ -29,16 +29,6 @@ def test_without_costs_the_tests_are_dealt_in_turn() -> None:
     assert len(deal(ITEMS[:2], 4)) == 2  # never a process without a test
 
 
-def test_with_costs_the_long_test_has_a_part_to_itself() -> None:
-    costs = {"t.py::g": 10.0, **{f"t.py::f[{i}]": 1.0 for i in range(5)}}  # u.py::h: median
-    parts = ids(deal(ITEMS, 2, costs))
-    assert parts == [["t.py::g"], [f"t.py::f[{i}]" for i in range(5)] + ["u.py::h"]]
-    three = deal(ITEMS, 3, costs)
-    assert sorted(i.nodeid for part in three for i in part) == sorted(i.nodeid for i in ITEMS)
-    for part in three:  # each part keeps the collection's order
-        assert part == sorted(part, key=ITEMS.index)
-
-
 def test_a_function_only_forks_ran_is_warmed_once() -> None:
     mine, theirs = deal(ITEMS, 2)
     assert [item.nodeid for item in unwarmed(mine, [theirs])] == ["t.py::g"]
