@@ -236,6 +236,7 @@ def coverage(
     )
     cached = cache.load(inputs) if reuse else None
     warm: WarmSession | None = None
+    rerun = None
     version = prepared.vllm.version
     if cached is not None:
         run = cached_baseline(cached, config, prepared.target, work, prepared.findings, version)

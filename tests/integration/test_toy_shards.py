@@ -159,3 +159,17 @@ def test_the_merge_of_n_shards_equals_one_unsharded_run(
         assert merged["equivalents"] == whole["equivalents"]
         assert without_volatile(merged) == without_volatile(whole)
         assert (merged_reports / "index.html").is_file()
+
+
+def test_a_second_baseline_with_nothing_changed_is_read_from_the_cache(
+    toy: pipeline.Prepared, tmp_path: Path
+) -> None:
+    config = dataclasses.replace(toy.config, reports_dir=tmp_path / "reports")
+    prepared = dataclasses.replace(toy, config=config)
+    first = pipeline.coverage(prepared, SUITE, reuse=True, workers=2)
+    first.close()
+    assert not first.reused
+    again = pipeline.coverage(prepared, SUITE, reuse=True, workers=2)
+    again.close()
+    assert again.reused and again.warm is None and again.rerun == ()
+    assert [t.test_id for t in again.run.tests] == [t.test_id for t in first.run.tests]
