@@ -152,11 +152,8 @@ class BaselineCache:
     def changed_since_last(self, inputs: Mapping[str, str]) -> list[str]:
         """What differs from the newest entry of the same selection: why it runs again.
         Empty when there is no such entry (a first run)."""
-        try:
-            last = json.loads(self._last(inputs).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return []
-        if not isinstance(last, dict):
+        last = self._last_inputs(inputs)
+        if last is None:
             return []
         names = sorted(set(last) | set(inputs))
         return [_why(name, last, inputs) for name in names if last.get(name) != inputs.get(name)]
@@ -165,11 +162,8 @@ class BaselineCache:
         """When the only inputs changed since the newest entry of the same selection are
         test files that no other file of the suite names (so imports), that entry and
         the files to run again; None when the whole baseline must run."""
-        try:
-            last = json.loads(self._last(inputs).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        if not isinstance(last, dict):
+        last = self._last_inputs(inputs)
+        if last is None:
             return None
         changed = sorted(n for n in set(last) | set(inputs) if last.get(n) != inputs.get(n))
         files = [name.removeprefix("file ") for name in changed]
@@ -188,6 +182,14 @@ class BaselineCache:
         if kept is None:
             return None
         return Rerun(kept, tuple(files), tuple(_why(n, last, inputs) for n in changed))
+
+    def _last_inputs(self, inputs: Mapping[str, str]) -> dict[str, str] | None:
+        """The inputs of the newest entry of the same selection, if there is one."""
+        try:
+            last = json.loads(self._last(inputs).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return last if isinstance(last, dict) else None
 
     def _last(self, inputs: Mapping[str, str]) -> Path:
         selection = hashlib.sha256(inputs["selection"].encode()).hexdigest()[:16]

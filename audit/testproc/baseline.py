@@ -56,8 +56,9 @@ class Serve:
         parts: list[Part] = []
         if not self.recorder.collection_errors:
             items, left = list(session.items), []
+            order = tuple(item.nodeid for item in items)
             if self.spec.run_only:
-                self.order = tuple(item.nodeid for item in session.items)
+                self.order = order
                 wanted = set(self.spec.run_only)
                 items = [item for item in items if _file(item) in wanted]
                 left = [item for item in session.items if _file(item) not in wanted]
@@ -72,13 +73,10 @@ class Serve:
                     os.kill(part.pid, signal.SIGKILL)
                     os.waitpid(part.pid, 0)
                 raise
-            for part in parts:
-                part.wait()
-            order = [item.nodeid for item in session.items]
-            for part in parts:
-                outcomes = part.outcomes()
+            results = [part.outcomes(part.wait()) for part in parts]
+            for part, outcomes in zip(parts, results, strict=True):
                 sys.__stdout__.write(part.report(outcomes) + "\n")  # type: ignore[union-attr]
-                self.recorder.add(outcomes, order)
+            self.recorder.add(results, order)
             self.unwarmed = unwarmed(mine, theirs)
             if self.spec.run_only:  # and the tests read from the cache, never run here
                 self.unwarmed += unwarmed(mine + self.unwarmed, [left])
@@ -135,12 +133,7 @@ class Serve:
                 items[0].config.pluginmanager.unregister(reporter)
             # The parent's measurement is the parent's: this fork's own starts empty.
             self.cov.stop()
-            cov = coverage.Coverage(
-                data_file=part.data_file,
-                branch=True,
-                include=list(self.spec.include),
-                config_file=False,
-            )
+            cov = measurement(self.spec, part.data_file)
             self.recorder.restart(cov)
             cov.start()
             run_items(items)
@@ -163,12 +156,9 @@ class Part:
     outcomes_file: str
     tests: tuple[str, ...]
 
-    def wait(self) -> None:
-        _, status = os.waitpid(self.pid, 0)
-        if status and not Path(self.outcomes_file).is_file():
-            Path(self.outcomes_file).write_text(
-                json.dumps(to_json(self.lost(os.waitstatus_to_exitcode(status))))
-            )
+    def wait(self) -> int:
+        """The fork's exit status, once it has ended."""
+        return os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
 
     def lost(self, exit_status: int) -> Outcomes:
         why = (
@@ -192,10 +182,11 @@ class Part:
                 lines += [f"# {test.outcome.value}: {test.test_id}", test.failure]
         return "\n".join(lines)
 
-    def outcomes(self) -> Outcomes:
+    def outcomes(self, exit_status: int) -> Outcomes:
+        """What the fork recorded; every test of it an error if it wrote nothing."""
         path = Path(self.outcomes_file)
         if not path.is_file():
-            return self.lost(-1)
+            return self.lost(exit_status)
         outcomes = from_json(Outcomes, json.loads(path.read_text()))
         path.unlink()
         return outcomes
@@ -264,11 +255,16 @@ def write_outcomes(
     Path(spec.outcomes).write_text(json.dumps(to_json(outcomes), indent=1))
 
 
+def measurement(spec: BaselineSpec, data_file: str) -> coverage.Coverage:
+    """The coverage that measures the spec's files into ``data_file`` (not started)."""
+    return coverage.Coverage(
+        data_file=data_file, branch=True, include=list(spec.include), config_file=False
+    )
+
+
 def run(spec: BaselineSpec) -> int:
     """The baseline under coverage; kept warm for the mutants when the spec has a pipe."""
-    cov = coverage.Coverage(
-        data_file=spec.data_file, branch=True, include=list(spec.include), config_file=False
-    )
+    cov = measurement(spec, spec.data_file)
     recorder = Recorder(cov)
     serve = Serve(spec, cov, recorder)
     cov.start()

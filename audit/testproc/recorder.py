@@ -3,6 +3,7 @@ records each test's outcome (:class:`audit.protocol.Outcomes`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import coverage
@@ -62,10 +63,11 @@ class Recorder:
         self.cov = cov
         self.tests = {}
 
-    def add(self, outcomes: Outcomes, order: list[str]) -> None:
-        """Take in the outcomes a fork recorded; keep the tests in ``order``."""
-        for test in outcomes.tests:
-            self.tests[test.test_id] = _Tally(test.outcome, test.duration_s, test.failure)
+    def add(self, results: Iterable[Outcomes], order: tuple[str, ...]) -> None:
+        """Take in the outcomes the forks recorded; keep the tests in ``order``."""
+        for outcomes in results:
+            for test in outcomes.tests:
+                self.tests[test.test_id] = _Tally(test.outcome, test.duration_s, test.failure)
         rank = {test_id: index for index, test_id in enumerate(order)}
         self.tests = dict(sorted(self.tests.items(), key=lambda kv: rank.get(kv[0], len(rank))))
 

@@ -171,5 +171,7 @@ def test_a_second_baseline_with_nothing_changed_is_read_from_the_cache(
     assert not first.reused
     again = pipeline.coverage(prepared, SUITE, reuse=True, workers=2)
     again.close()
-    assert again.reused and again.warm is None and again.rerun == ()
+    assert again.reused
+    assert again.warm is None
+    assert again.rerun == ()
     assert [t.test_id for t in again.run.tests] == [t.test_id for t in first.run.tests]
