@@ -76,6 +76,7 @@ def start_baseline(
         # vLLM is the installed package.
         overlay={target.module: str(target.path)} if suite.source.checkout else {},
         include=(str(target.path),),
+        measure_from=target.module,
         data_file=str(data_file),
         outcomes=str(outcomes_file),
         pytest_args=tuple(pytest_args(suite, work)),

@@ -106,6 +106,9 @@ class BaselineSpec:
     outcomes: str  # where the :class:`Outcomes` go
     pytest_args: tuple[str, ...]
     command_fd: int | None = None  # the command pipe; None: exit after the baseline
+    # The module of the measured file: coverage starts as it is imported, so the
+    # modules imported before it (most of vLLM) load untraced. Empty: from the start.
+    measure_from: str = ""
     # Processes the tests are dealt to: this one and workers - 1 forks of it, taken
     # once the session is collected (each measures its own tests, then all is merged).
     workers: int = 1

@@ -1,8 +1,9 @@
 """The baseline run: pytest under coverage, one coverage context per test.
 
 In the hermetic environment the parent prepares, it measures only the target
-file(s) and lets :class:`.recorder.Recorder` name each test's context by its pytest
-node id and record every test's outcome. Then the process stays: the session is
+file(s), from the moment the target is imported (:class:`.isolation.StartOnImport`),
+and lets :class:`.recorder.Recorder` name each test's context by its pytest node id
+and record every test's outcome. Then the process stays: the session is
 collected, vLLM imported and every test of the suite has run once, which is exactly
 the warm process the mutants need. With coverage stopped it waits for one command
 on its command pipe: judge mutants from a spec file (:mod:`.loop`), or exit.
@@ -43,16 +44,24 @@ from audit.testproc.recorder import Recorder, Select
 class Serve:
     """A pytest plugin: the baseline run loop, then mutants on request, one session."""
 
-    def __init__(self, spec: BaselineSpec, cov: coverage.Coverage, recorder: Recorder) -> None:
+    def __init__(
+        self,
+        spec: BaselineSpec,
+        cov: coverage.Coverage,
+        recorder: Recorder,
+        measuring: isolation.StartOnImport,
+    ) -> None:
         self.spec = spec
         self.cov = cov
         self.recorder = recorder
+        self.measuring = measuring  # coverage started as the target is imported
         self.saved = False  # the coverage data, once the baseline is done
         self.unwarmed: list[pytest.Item] = []  # tests only a fork ran: warmed on demand
         self.order: tuple[str, ...] = ()  # every collected test, when only some run
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
+        self.measuring.remove()  # started by now, even if no test module imported the target
         parts: list[Part] = []
         if not self.recorder.collection_errors:
             items, left = list(session.items), []
@@ -266,12 +275,12 @@ def run(spec: BaselineSpec) -> int:
     """The baseline under coverage; kept warm for the mutants when the spec has a pipe."""
     cov = measurement(spec, spec.data_file)
     recorder = Recorder(cov)
-    serve = Serve(spec, cov, recorder)
-    cov.start()
+    serve = Serve(spec, cov, recorder, isolation.start_on_import(spec.measure_from, cov.start))
     try:
         exit_code = int(pytest.main(list(spec.pytest_args), plugins=[recorder, serve]))
     finally:
         if not serve.saved:
+            serve.measuring.remove()  # pytest stopped before its run loop: save what ran
             cov.stop()
             cov.save()
     if not Path(spec.outcomes).is_file():  # pytest stopped before the run loop

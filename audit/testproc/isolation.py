@@ -17,7 +17,7 @@ import importlib.util
 import signal
 import socket
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -43,6 +43,56 @@ class OverlayFinder(importlib.abc.MetaPathFinder):
                 fullname, file, submodule_search_locations=[str(file.parent)]
             )
         return importlib.util.spec_from_file_location(fullname, file)
+
+
+class StartOnImport(importlib.abc.MetaPathFinder):
+    """Calls ``start`` once, as ``module`` is about to be imported, and finds nothing:
+    the finders after it import the module as they would have.
+
+    The baseline's coverage starts so: its tracer would otherwise see every call of
+    the thousands of modules vLLM and torch import before the measured one (on
+    vLLM 0.33.0, 9.0 s of import against 6.4 s untraced), while the measured
+    module's own import still runs traced.
+    """
+
+    def __init__(self, module: str, start: Callable[[], object]) -> None:
+        self.module = module
+        self.start = start
+        self.started = False
+
+    def find_spec(
+        self,
+        fullname: str,
+        path: Sequence[str] | None,
+        target: ModuleType | None = None,
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname == self.module:
+            self.now()
+        return None
+
+    def now(self) -> None:
+        """Start, if not yet started."""
+        if not self.started:
+            self.started = True
+            self.start()
+
+    def remove(self) -> None:
+        """Start if nothing started it, and step out of the imports (not from inside
+        one: the import system iterates ``sys.meta_path`` while it calls us)."""
+        self.now()
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+
+
+def start_on_import(module: str, start: Callable[[], object]) -> StartOnImport:
+    """Call ``start`` as ``module`` is imported: at once if it already is, or if
+    ``module`` is empty."""
+    finder = StartOnImport(module, start)
+    if not module or module in sys.modules:
+        finder.now()
+    else:
+        sys.meta_path.insert(0, finder)
+    return finder
 
 
 def install_overlay(files: Mapping[str, Path]) -> OverlayFinder:

@@ -11,6 +11,7 @@ import json
 import shutil
 from pathlib import Path
 
+import coverage
 import pytest
 
 from audit import coverage_map
@@ -97,6 +98,20 @@ def test_reports_are_written_with_contexts(toy) -> None:  # type: ignore[no-unty
         "tests/test_fence.py::test_register_skips_null_block"
     }
     del regions
+
+
+def test_the_target_s_own_import_is_measured(toy) -> None:  # type: ignore[no-untyped-def]
+    """Coverage starts as the target is imported, not before: its module-level lines
+    (the class, each def) are still measured, outside every test's context."""
+    baseline, _ = run(toy, "tests/test_fence.py")
+    data = coverage.CoverageData(basename=str(baseline.data_file))
+    data.read()
+    data.set_query_contexts([""])
+    imported = set(data.lines(str(toy[1].path)) or ())
+    source = toy[1].path.read_text().splitlines()
+    wanted = {i for i, text in enumerate(source, 1) if text.startswith(("class ", "    def "))}
+    assert wanted
+    assert wanted <= imported
 
 
 def test_red_baseline_names_the_failing_test_and_the_log(toy) -> None:  # type: ignore[no-untyped-def]
