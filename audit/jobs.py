@@ -26,9 +26,10 @@ from audit.regions import find_function, first_line
 class ExecutorOptions:
     jobs: int = os.cpu_count() or 1
     # A test's budget of CPU seconds: this times its baseline duration, and never
-    # less than the minimum; blocked (no CPU) for a fifth of it, it is hung too.
+    # less than the minimum; blocked (no CPU) for a fifth of it (two seconds at least,
+    # testproc.judge.BLOCKED_MIN_S), it is hung too.
     timeout_factor: float = 10.0
-    timeout_min_s: float = 10.0
+    timeout_min_s: float = 2.0
     max_hangs: int = 3  # hung tests after which a mutant is judged TIMEOUT at once
     use_cache: bool = True
 

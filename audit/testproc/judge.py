@@ -138,6 +138,10 @@ class TestHung(BaseException):
 TICK_S = 0.25  # how often the watchdog looks at the test
 BLOCKED_SHARE = 0.05  # less CPU than this share of the wall time: the test is waiting
 BLOCKED_FRACTION = 0.2  # waiting for this fraction of its budget: the test is blocked
+# ... and never for less than this much wall time: a short test's budget of CPU is short
+# (a spin is caught early), but a wait is only judged over a span that a loaded
+# machine's scheduling gaps do not fill.
+BLOCKED_MIN_S = 2.0
 
 
 @dataclass
@@ -157,12 +161,13 @@ class _Alarm:
         load. A test spinning (an endless loop) runs out of CPU budget: CPU time is
         not stretched by other processes as wall time is. A test blocked (a lock
         never released, a wait nobody ends) uses no CPU: it is stopped once it has
-        used almost none for a fifth of its budget of wall time, instead of waiting
-        out the whole budget. A test merely starved by a loaded machine does neither.
+        used almost none for a fifth of its budget of wall time (at least
+        :data:`BLOCKED_MIN_S`), instead of waiting out the whole budget. A test merely
+        starved by a loaded machine does neither.
         """
         if cpu > self.budget:
             return f"> {self.budget:.1f}s of CPU"
-        window = BLOCKED_FRACTION * self.budget
+        window = max(BLOCKED_FRACTION * self.budget, BLOCKED_MIN_S)
         self.samples.append((wall, cpu))
         while len(self.samples) > 1 and wall - self.samples[1][0] >= window:
             self.samples.popleft()

@@ -40,13 +40,23 @@ def test_a_waiting_test_is_stopped_after_a_fifth_of_its_budget() -> None:
     assert alarm.samples[-1][0] == pytest.approx(3.0)  # stopped 2 s into the wait
 
 
+def test_a_short_budget_still_waits_two_seconds_before_calling_a_test_blocked() -> None:
+    # a 2 s budget of CPU would make the window 0.4 s: too short to tell a wait from a
+    # scheduling gap on a loaded machine, so the window has a floor
+    idle = [(t * TICK_S, 0.0) for t in range(1, 40)]
+    alarm = _Alarm(2.0)
+    assert ticks(alarm, idle).startswith(f"blocked {judge.BLOCKED_MIN_S:.1f}s (no CPU")
+    assert alarm.samples[-1][0] == pytest.approx(TICK_S + judge.BLOCKED_MIN_S)  # first sample: 1 tick
+
+
 def test_a_starved_test_is_never_stopped_by_the_wall_clock() -> None:
     # the machine's load leaves it a tenth of a core: 100 s of wall time, 9 s of CPU
     starved = [(t * TICK_S, t * TICK_S / 10) for t in range(1, 400)]
     assert ticks(_Alarm(10.0), starved) == ""
 
 
-def test_time_budget_interrupts_a_real_wait() -> None:
+def test_time_budget_interrupts_a_real_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(judge, "BLOCKED_MIN_S", 0.0)  # the window: a fifth of 1 s
     held = threading.Lock()
     held.acquire()
     start = time.monotonic()
