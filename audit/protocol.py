@@ -287,7 +287,7 @@ class Warmed:
 
     kind: ClassVar[str] = "warmed"
     collected: int  # tests of the session
-    tests: int  # run in the warm-up (none: the baseline has run them)
+    tests: int  # run in the warm-up (in the baseline's process: those only its forks ran)
     threads: int
     seconds: float = 0.0
     threads_before: int = 0

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import coverage
 import pytest
-from _pytest.runner import runtestprotocol
 
 from audit.protocol import (
     BaselineDone,
@@ -111,11 +110,11 @@ class Serve:
             # Native tracebacks, as a new executor process would use: pytest's long
             # style costs ~0.5 s per killed mutant.
             session.config.option.tbstyle = "native"
-            for item in self.unwarmed:  # a fork ran them: their one-time work is here
-                runtestprotocol(item, nextitem=None, log=False)
+            # The functions only a fork ran: their one-time work is done here.
+            warmed = loop.warm_up(self.unwarmed, len(session.items))
             spec = read_spec(Path(command.spec))
             assert isinstance(spec, MutationSpec)
-            loop.MutantLoop(spec).judge_all(session, warm_up=False)
+            loop.MutantLoop(spec).judge_all(session, warmed=warmed)
         return True
 
     def fork(self, index: int, items: list[pytest.Item]) -> Part:

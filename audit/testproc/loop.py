@@ -35,21 +35,21 @@ class MutantLoop:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
-        self.judge_all(session, warm_up=True)
+        self.judge_all(session)
         return True
 
-    def judge_all(self, session: pytest.Session, *, warm_up: bool) -> None:
-        """The mutant loop over a collected session (warmed up here unless it already is)."""
+    def judge_all(self, session: pytest.Session, *, warmed: Warmed | None = None) -> None:
+        """The mutant loop over a collected session, warmed up here unless ``warmed``
+        says how it already was (the baseline's process: :func:`warm_up`)."""
         items = {item.nodeid: item for item in session.items}
         wanted = {t for job in self.spec.jobs for t in job.tests}
         missing = sorted(wanted - set(items))
         if missing:
             emit(MissingTests(tuple(missing[:20]), len(missing)))
             return
-        if warm_up:
-            self.warm_up(items)
-        else:
-            emit(Warmed(len(items), 0, os_threads()))
+        if warmed is None:
+            warmed = warm_up([items[t] for t in self.spec.warm_up], len(items))
+        emit(warmed)
         pool = ForkPool(self.spec, items)
         # Prove that a mutant really switches on before trusting any survivor.
         check = self.spec.forced_fail
@@ -68,28 +68,25 @@ class MutantLoop:
         # interpreter's exit) is of no use, and the caller may kill us now.
         emit(Done())
 
-    def warm_up(self, items: dict[str, pytest.Item]) -> None:
-        """Run every covering test once here, so each fork starts fully warm.
 
-        A test's first run in a process pays one-time work (lazy imports, caches,
-        up to 2 s for some of vLLM's tests); paid once here, every fork inherits
-        it and runs each test at its steady-state speed. The baseline proved these
-        tests green. Thread counts before and after are reported: a test that left
-        threads running would make forking hazardous.
-        """
-        threads = os_threads()
-        started = time.monotonic()
-        red = []
-        for test_id in self.spec.warm_up:
-            reports = runtestprotocol(items[test_id], nextitem=None, log=False)
-            if any(r.failed for r in reports):
-                red.append(test_id)
-        seconds = round(time.monotonic() - started, 3)
-        emit(
-            Warmed(
-                len(items), len(self.spec.warm_up), os_threads(), seconds, threads, tuple(red[:10])
-            )
-        )
+def warm_up(tests: list[pytest.Item], collected: int) -> Warmed:
+    """Run ``tests`` once here, so each fork starts fully warm.
+
+    A test's first run in a process pays one-time work (lazy imports, caches,
+    up to 2 s for some of vLLM's tests); paid once here, every fork inherits
+    it and runs each test at its steady-state speed. The baseline proved these
+    tests green. Thread counts before and after are reported: a test that left
+    threads running would make forking hazardous.
+    """
+    threads = os_threads()
+    started = time.monotonic()
+    red = []
+    for item in tests:
+        reports = runtestprotocol(item, nextitem=None, log=False)
+        if any(r.failed for r in reports):
+            red.append(item.nodeid)
+    seconds = round(time.monotonic() - started, 3)
+    return Warmed(collected, len(tests), os_threads(), seconds, threads, tuple(red[:10]))
 
 
 def run(spec: MutationSpec) -> int:

@@ -62,13 +62,14 @@ class Toy:
             offline_models=(),
         )
 
-    def judge(self, tests: str = "tests/test_fence.py", options=FAST, warm=False):  # type: ignore[no-untyped-def]
+    def judge(self, tests: str = "tests/test_fence.py", options=FAST, warm=False, workers=1):  # type: ignore[no-untyped-def]
         target = Target("toypkg.fence", self.path, self.path, sha256_file(self.path))
         source = TestSource(root=self.root, origin="toy")
         suite = stage_suite(
             self.config, source, (SuitePath("vllm", tests),), self.config.reports_dir / ".work"
         )
-        run, session = start_baseline(self.config, suite, target, self.config.reports_dir / ".work")
+        work = self.config.reports_dir / ".work"
+        run, session = start_baseline(self.config, suite, target, work, workers=workers)
         if not warm and session is not None:
             session.close()
             session = None
@@ -137,6 +138,20 @@ def test_judging_in_the_warm_baseline_process_gives_the_same_verdicts(toy: Toy) 
     log = (toy.config.reports_dir / "logs" / "mutants.log").read_text()
     (warmed,) = [e for e in map(parse_event, log.splitlines()) if isinstance(e, Warmed)]
     assert warmed.tests == 0  # no second warm-up: the baseline was it
+
+
+def test_the_baseline_s_process_warms_what_only_its_forks_ran(toy: Toy) -> None:
+    """With two baseline workers the process the mutants fork from ran only half of
+    the tests: it runs one of each test function only the other worker ran, says so,
+    and the verdicts are the ones a new executor reaches."""
+    _, cold = toy.judge(options=dataclasses.replace(FAST, use_cache=False))
+    options = dataclasses.replace(FAST, use_cache=False)
+    _, warm = toy.judge(options=options, warm=True, workers=2)
+    assert {k: v.status for k, v in warm.items()} == {k: v.status for k, v in cold.items()}
+    log = (toy.config.reports_dir / "logs" / "mutants.log").read_text()
+    (warmed,) = [e for e in map(parse_event, log.splitlines()) if isinstance(e, Warmed)]
+    # the toy's 4 tests of test_fence.py, dealt in turn: 2 functions only the fork ran
+    assert (warmed.tests, warmed.red) == (2, ())
 
 
 def test_work_given_to_the_baseline_runs_while_its_test_process_runs(
