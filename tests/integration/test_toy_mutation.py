@@ -65,10 +65,8 @@ class Toy:
     def judge(self, tests: str = "tests/test_fence.py", options=FAST, warm=False, workers=1):  # type: ignore[no-untyped-def]
         target = Target("toypkg.fence", self.path, self.path, sha256_file(self.path))
         source = TestSource(root=self.root, origin="toy")
-        suite = stage_suite(
-            self.config, source, (SuitePath("vllm", tests),), self.config.reports_dir / ".work"
-        )
         work = self.config.reports_dir / ".work"
+        suite = stage_suite(self.config, source, (SuitePath("vllm", tests),), work)
         run, session = start_baseline(self.config, suite, target, work, workers=workers)
         if not warm and session is not None:
             session.close()
@@ -144,8 +142,8 @@ def test_the_baseline_s_process_warms_what_only_its_forks_ran(toy: Toy) -> None:
     """With two baseline workers the process the mutants fork from ran only half of
     the tests: it runs one of each test function only the other worker ran, says so,
     and the verdicts are the ones a new executor reaches."""
-    _, cold = toy.judge(options=dataclasses.replace(FAST, use_cache=False))
     options = dataclasses.replace(FAST, use_cache=False)
+    _, cold = toy.judge(options=options)
     _, warm = toy.judge(options=options, warm=True, workers=2)
     assert {k: v.status for k, v in warm.items()} == {k: v.status for k, v in cold.items()}
     log = (toy.config.reports_dir / "logs" / "mutants.log").read_text()
