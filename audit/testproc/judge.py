@@ -30,7 +30,7 @@ from audit.protocol import (
     hang_allowance,
     save_verdict,
 )
-from audit.testproc import isolation
+from audit.testproc import isolation, logs
 from audit.testproc.codeswap import activate, function_text
 
 FAILURE_LINES = 15  # of the killing test's report, its last ones (native traceback)
@@ -94,12 +94,17 @@ def run_tests(
     hung: list[str] = []
     allowance = hang_allowance(job.budgets.values(), max_hangs)
     spent = 0.0
-    for test_id in job.tests:
+    capture = logs.per_test_capture(items[t] for t in job.tests)
+    for test_id, after in zip(job.tests, [*job.tests[1:], None], strict=True):
         run.append(test_id)
         budget = job.budgets[test_id] / SHRINK if hung else job.budgets[test_id]
-        with time_budget(budget) as alarm:
+        # The next test is named, as pytest's own run loop does, so a fixture both
+        # share (module or session scope) is set up once, and everything is torn
+        # down after the last one.
+        nextitem = None if after is None else items[after]
+        with time_budget(budget) as alarm, capture():
             try:
-                reports = runtestprotocol(items[test_id], nextitem=None, log=False)
+                reports = runtestprotocol(items[test_id], nextitem=nextitem, log=False)
             except TestHung:  # raised again outside the test's call (its teardown spun)
                 reports = []
         if alarm.reason:

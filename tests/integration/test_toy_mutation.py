@@ -41,6 +41,7 @@ REGIONS = (
     RegionSpec("drain", "", (Selection("Fence.drain"),)),
     RegionSpec("handoff", "", (Selection("Fence.handoff"),)),
     RegionSpec("busy", "", (Selection("Fence.busy"),)),
+    RegionSpec("evict", "", (Selection("Fence.evict"),)),
 )
 FAST = ExecutorOptions(jobs=2, timeout_min_s=1.0, timeout_factor=10.0)
 
@@ -126,6 +127,34 @@ def test_each_mutant_gets_the_verdict_its_tests_deserve(toy: Toy) -> None:
     # `steps = 0` -> `steps = 1` still counts to 3: the test is too weak to notice.
     weak = next(m for m in mutant_set.mutants if "+        steps = 1" in m.diff)
     assert verdicts[weak.id].status is MutantStatus.SURVIVED
+
+
+def evict_verdicts(toy: Toy, tests: str) -> dict[str, MutantStatus]:
+    """The statuses of ``Fence.evict``'s mutants, by the line each one adds."""
+    mutant_set, verdicts = toy.judge(tests=tests)
+    statuses = {}
+    for mutant in mutant_set.mutants:
+        if mutant.function == "Fence.evict":
+            added = next(line for line in mutant.diff.splitlines() if line.startswith("+ "))
+            statuses[added.strip("+ ")] = verdicts[mutant.id].status
+    return statuses
+
+
+def test_a_log_call_that_cannot_be_formatted_fails_the_test(toy: Toy) -> None:
+    # pytest's log handler raises on such a call where logging's own only prints. The
+    # forks attach it once per test rather than per phase (testproc/logs.py), and
+    # must keep that: the test below never looks at the log.
+    statuses = evict_verdicts(toy, "tests/test_evict.py")
+    dropped = 'logger.warning("block %d evicted with %d jobs pending", len(jobs))'
+    assert statuses[dropped] is MutantStatus.KILLED
+    reworded = 'logger.warning("XXblock %d evicted with %d jobs pendingXX", block, len(jobs))'
+    assert statuses[reworded] is MutantStatus.SURVIVED
+
+
+def test_a_test_that_reads_the_log_with_caplog_still_can(toy: Toy) -> None:
+    statuses = evict_verdicts(toy, "tests/test_evict_warning.py")
+    reworded = 'logger.warning("XXblock %d evicted with %d jobs pendingXX", block, len(jobs))'
+    assert statuses[reworded] is MutantStatus.KILLED
 
 
 def test_judging_in_the_warm_baseline_process_gives_the_same_verdicts(toy: Toy) -> None:

@@ -4,6 +4,7 @@ once tests hang: shorter budgets, up to an allowance, so a later failing test ki
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass
@@ -97,9 +98,30 @@ def judged(monkeypatch: pytest.MonkeyPatch, behaviours: dict[str, Any]) -> Verdi
         return behaviours[item]()  # type: ignore[no-any-return]
 
     monkeypatch.setattr(judge, "runtestprotocol", protocol)
+    # the stand-in items are names: no pytest config, so no log capture to set up
+    monkeypatch.setattr(judge.logs, "per_test_capture", lambda items: contextlib.nullcontext)
     tests = tuple(behaviours)
     job = Job("k", "m", "f", (), tests, dict.fromkeys(tests, 0.5), 60.0)
     return judge.run_tests({t: t for t in tests}, job, max_hangs=3)  # type: ignore[misc]
+
+
+def test_each_test_names_the_next_and_the_last_tears_everything_down(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # as pytest's own loop does: a fixture two tests share is set up once per fork
+    chain: list[tuple[str, object]] = []
+
+    def protocol(item: str, nextitem: object, log: bool) -> list[Report]:
+        chain.append((item, nextitem))
+        return [Report(failed=False)]
+
+    monkeypatch.setattr(judge, "runtestprotocol", protocol)
+    monkeypatch.setattr(judge.logs, "per_test_capture", lambda items: contextlib.nullcontext)
+    job = Job("k", "m", "f", (), ("a", "b", "c"), dict.fromkeys("abc", 0.5), 60.0)
+    items = {t: f"item {t}" for t in "abc"}
+    verdict = judge.run_tests(items, job, max_hangs=3)  # type: ignore[arg-type]
+    assert verdict.status is MutantStatus.SURVIVED
+    assert chain == [("item a", "item b"), ("item b", "item c"), ("item c", None)]
 
 
 def failing() -> list[Report]:

@@ -1,6 +1,9 @@
 """A toy fence: a well-tested function, a badly tested one, and an untested one."""
 
+import logging
 import threading
+
+logger = logging.getLogger(__name__)
 
 
 class Fence:
@@ -43,3 +46,10 @@ class Fence:
     def busy(self, limit: int = 4) -> bool:
         """Whether ``limit`` blocks or more are fenced."""
         return len(self.pending) >= limit
+
+    def evict(self, block: int) -> bool:
+        """Drop a block's jobs; warn when some were still pending."""
+        jobs = self.pending.pop(block, set())
+        if jobs:
+            logger.warning("block %d evicted with %d jobs pending", block, len(jobs))
+        return bool(jobs)
