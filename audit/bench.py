@@ -62,6 +62,10 @@ class Bench:
     scope: str = "regions"
     ours_e2e_s: float = 0.0  # `fence-audit mutate` from cold caches, in a new process
     noop_s: float = 0.0  # the same command again, nothing changed
+    # disagreements where ours killed the mutant after some of its tests hung and
+    # mutmut, which stops its run at the first hang, says timeout: the policy after a
+    # hang differs, not the code run (DESIGN.md, "The process boundary")
+    killed_after_hangs: tuple[str, ...] = ()
 
     def ratios(self) -> dict[str, float]:
         e2e = {
@@ -146,7 +150,15 @@ def run_bench(
         or cold[m.id].status is not ours[m.id].status
         or (e2e and e2e.get(m.id) != ours[m.id].status.value)
     )
+    killed_after_hangs = tuple(
+        i
+        for i, mine, theirs_status in disagreements
+        if mine == MutantStatus.KILLED.value
+        and ours[i].hung
+        and theirs_status == MutantStatus.TIMEOUT.value
+    )
     return Bench(
+        killed_after_hangs=killed_after_hangs,
         mutants=len(mutants),
         jobs=options.jobs,
         generation_s=round(generation_s, 3),
@@ -256,7 +268,15 @@ def format_bench(bench: Bench) -> str:
             f"(sample of {bench.subprocess_sample}); all of them / ours = "
             f"{ratios['subprocess_over_ours']}",
             f"statuses agree            {bench.statuses_agree}"
-            + "".join(f"\n  {i}: ours {a}, mutmut {b}" for i, a, b in bench.disagreements),
+            + "".join(
+                f"\n  {i}: ours {a}, mutmut {b}"
+                + (
+                    " (ours after hung tests: mutmut stops at a hang)"
+                    if i in bench.killed_after_hangs
+                    else ""
+                )
+                for i, a, b in bench.disagreements
+            ),
             f"(not timed above: mutant generation {bench.generation_s:.1f} s, "
             f"baseline under coverage {bench.baseline_s:.1f} s)",
             *(

@@ -574,6 +574,9 @@ def _mutant_details(mutant: MutantRecord, line_tests: tuple[str, ...]) -> str:
         facts.append(("equivalent, because", escape(mutant.equivalence)))
     if mutant.killed_by:
         facts.append(("killed by", f"<code>{escape(mutant.killed_by)}</code>"))
+    if mutant.hung:
+        hung = "".join(f"<li><code>{escape(test)}</code></li>" for test in mutant.hung)
+        facts.append(("tests stopped as hung", f"<ul>{hung}</ul>"))
     if mutant.random is not None:
         facts.append(("random workloads alone", _second(mutant.random)))
     if mutant.deep is not None:

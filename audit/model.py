@@ -121,3 +121,4 @@ class MutantResult:
     tests_run: tuple[str, ...] = ()
     duration_s: float = 0.0
     cached: bool = False
+    hung: tuple[str, ...] = ()  # tests stopped as hung before the verdict (see Verdict)

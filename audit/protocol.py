@@ -217,6 +217,9 @@ class Verdict:
     failure: str = ""  # the tail of the killing test's failure, or the error
     tests_run: tuple[str, ...] = ()
     duration_s: float = 0.0
+    # the tests stopped as hung before the verdict, each as "test id why": a timeout's
+    # and a kill's alike (a mutant that makes some tests spin often makes a later fail)
+    hung: tuple[str, ...] = ()
 
 
 def save_verdict(path: Path, verdict: Verdict) -> None:

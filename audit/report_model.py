@@ -74,6 +74,7 @@ class MutantRecord:
     duration_s: float
     diff: str
     cached: bool = False  # the verdict came from the result cache of an earlier run
+    hung: tuple[str, ...] = ()  # tests stopped as hung before the verdict, with why
     module: str = ""  # another module than the target (catalogue entries of the worker)
     path: str = ""  # that module's file
     equivalence: str = ""  # the reviewed reason, for a mutant recorded as equivalent
@@ -508,6 +509,7 @@ def _mutant(body: Fields, regions: tuple[str, ...]) -> MutantRecord:
         duration_s=body.number("duration_s", 0.0),
         diff=body.text("diff", ""),
         cached=body.flag("cached", False),
+        hung=body.texts("hung", optional=True),
         lines=tuple(count(n, w, minimum=1) for w, n in _items(body, "lines")),
         random=_second(body.object("random")) if body.has("random") else None,
         deep=_second(body.object("deep")) if body.has("deep") else None,

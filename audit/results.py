@@ -407,6 +407,7 @@ def _mutant(
         "failure": result.failure or None,
         "covered_by": list(mutant.covered_by),
         "tests_run": list(result.tests_run),
+        **({"hung": list(result.hung)} if result.hung else {}),
         "duration_s": result.duration_s,
         "cached": result.cached,
         "diff": mutant.diff,

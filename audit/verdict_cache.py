@@ -98,6 +98,7 @@ def _result(mutant_id: str, verdict: Verdict, *, cached: bool) -> MutantResult:
         tests_run=verdict.tests_run,
         duration_s=verdict.duration_s,
         cached=cached,
+        hung=verdict.hung,
     )
 
 

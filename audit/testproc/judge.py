@@ -7,6 +7,7 @@ the parent or the other mutants; it writes its verdict to its own file and exits
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import os
 import signal
@@ -65,13 +66,7 @@ def judge_in_fork(spec: MutationSpec, source: str, items: dict[str, pytest.Item]
     except BaseException as error:  # the mutant broke its own switching-on
         verdict = Verdict(MutantStatus.ERROR, failure=f"{type(error).__name__}: {error}")
         code = 1
-    verdict = Verdict(
-        verdict.status,
-        verdict.killed_by,
-        verdict.failure,
-        verdict.tests_run,
-        round(time.monotonic() - started, 3),
-    )
+    verdict = dataclasses.replace(verdict, duration_s=round(time.monotonic() - started, 3))
     try:
         save_verdict(Path(spec.results_dir) / f"{job.key}.json", verdict)
     finally:
@@ -116,10 +111,12 @@ def run_tests(
         failed = next((r for r in reports if r.failed), None)
         if failed is not None:
             text = failure_text(failed.longreprtext, whole_failure)
-            return Verdict(MutantStatus.KILLED, test_id, text, tuple(run))
+            return Verdict(MutantStatus.KILLED, test_id, text, tuple(run), hung=tuple(hung))
     if hung:
         failure = f"hung: {', '.join(hung)}"
-        return Verdict(MutantStatus.TIMEOUT, failure=failure, tests_run=tuple(run))
+        return Verdict(
+            MutantStatus.TIMEOUT, failure=failure, tests_run=tuple(run), hung=tuple(hung)
+        )
     return Verdict(MutantStatus.SURVIVED, tests_run=tuple(run))
 
 

@@ -124,6 +124,7 @@ def test_each_mutant_gets_the_verdict_its_tests_deserve(toy: Toy) -> None:
     assert "+            steps = 1" in hang.diff
     assert verdicts[hang.id].status is MutantStatus.TIMEOUT
     assert "hung" in verdicts[hang.id].failure
+    assert verdicts[hang.id].hung[0].startswith("tests/test_fence.py::test_drain_counts_steps ")
     # `steps = 0` -> `steps = 1` still counts to 3: the test is too weak to notice.
     weak = next(m for m in mutant_set.mutants if "+        steps = 1" in m.diff)
     assert verdicts[weak.id].status is MutantStatus.SURVIVED

@@ -136,6 +136,8 @@ def test_a_failure_after_three_hangs_still_kills(monkeypatch: pytest.MonkeyPatch
     assert verdict.status is MutantStatus.KILLED
     assert verdict.killed_by == "e"
     assert verdict.tests_run == ("a", "b", "c", "d", "e")
+    # the hangs stay on the record: mutmut, which stops at the first, says timeout
+    assert [test.split()[0] for test in verdict.hung] == ["a", "b", "c", "d"]
     assert time.monotonic() - start < 0.5 + 3 * (0.5 / judge.SHRINK + 2 * TICK_S)
 
 
@@ -148,6 +150,7 @@ def test_hangs_stop_the_judging_once_they_spent_the_allowance(
     # three full budgets: the first hang's, then a fifth of one per hang after it
     assert len(verdict.tests_run) == 1 + 2 * judge.SHRINK
     assert verdict.failure.startswith("hung: t0 > 0.5s of CPU, t1 > 0.1s of CPU")
+    assert verdict.hung[:2] == ("t0 > 0.5s of CPU", "t1 > 0.1s of CPU")
 
 
 def spin_through_teardown() -> list[Report]:

@@ -245,3 +245,18 @@ def test_mutants_of_another_module_get_their_own_section(tmp_path: Path) -> None
     section = page[page.index("<h2>In <code>toypkg.worker</code></h2>") :]
     assert f'id="{results.mutants[3].anchor}"' in section
     assert "Mutants outside the functions shown" not in page
+
+
+def test_tests_stopped_as_hung_are_read_back_and_shown(tmp_path: Path) -> None:
+    document = json.loads(DATA.read_text())
+    killed = next(m for m in document["mutants"] if m["status"] == "killed")
+    hung = "tests/test_fence.py::test_drain > 0.5s of CPU"
+    killed["hung"] = [hung]  # as a verdict writes it: test id, then why
+    path = tmp_path / "audit.json"
+    path.write_text(json.dumps(document))
+    results = load_results(path)
+    (mutant,) = [m for m in results.mutants if m.id == killed["id"]]
+    assert mutant.hung == (hung,)
+    page = render_region(results, results.region(mutant.region))
+    assert "tests stopped as hung" in page
+    assert "test_drain &gt; 0.5s of CPU" in page
