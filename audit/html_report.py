@@ -574,7 +574,7 @@ def _mutant_details(mutant: MutantRecord, line_tests: tuple[str, ...]) -> str:
         facts.append(("equivalent, because", escape(mutant.equivalence)))
     if mutant.killed_by:
         facts.append(("killed by", f"<code>{escape(mutant.killed_by)}</code>"))
-    if mutant.hung:
+    if mutant.hung and mutant.killed_by:  # a timeout's failure already names them
         hung = "".join(f"<li><code>{escape(test)}</code></li>" for test in mutant.hung)
         facts.append(("tests stopped as hung", f"<ul>{hung}</ul>"))
     if mutant.random is not None:
