@@ -18,7 +18,7 @@ from pathlib import Path
 from audit.baseline_cache import inherited_environment
 from audit.config import Config
 from audit.errors import ExecutorFailed, ForcedFailCheckFailed
-from audit.jobs import ExecutorOptions, build_job, forced_failure
+from audit.jobs import ExecutorOptions, build_job, chains, forced_failure
 from audit.model import Mutant, MutantResult, Target
 from audit.progress import ProgressBar
 from audit.protocol import (
@@ -70,6 +70,7 @@ def judge(
     inherited = inherited_environment(os.environ)
     verdicts: dict[str, MutantResult] = {}
     jobs: list[Job] = []
+    keyed: list[tuple[Mutant, str]] = []  # every mutant with a verdict to have, its key
     for mutant in mutants:
         if not mutant.covered_by:
             verdicts[mutant.id] = MutantResult(mutant.id, MutantStatus.NO_TESTS)
@@ -77,6 +78,7 @@ def judge(
         function = f"{mutant.module}:{mutant.function}" if mutant.module else mutant.function
         overrides = (env or {}).get(mutant.id, {})
         key = cache.key(mutant, function_hashes[function], {**inherited, **overrides})
+        keyed.append((mutant, key))
         cached = cache.lookup(mutant.id, key) if options.use_cache else None
         # A timeout is a verdict like the others: a test is judged hung on the CPU
         # time it used, or on using none while it waited (audit.testproc.judge), not
@@ -95,6 +97,7 @@ def judge(
             spec = _mutation_spec(
                 config, suite, target, source, jobs, cache.directory, options, whole_failure
             )
+            spec = dataclasses.replace(spec, chains=chains(keyed, {job.key for job in jobs}))
             _run(config, suite, spec, warm, failures)
         elif warm is not None:
             warm.close()

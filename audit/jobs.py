@@ -12,13 +12,21 @@ import functools
 import math
 import os
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from audit.errors import ExecutorFailed
 from audit.model import Mutant
-from audit.protocol import Frame, Job, LineEdit, hang_allowance, is_project_test
+from audit.protocol import (
+    Chain,
+    Frame,
+    Job,
+    LineEdit,
+    Member,
+    hang_allowance,
+    is_project_test,
+)
 from audit.regions import find_function, first_line
 
 
@@ -68,7 +76,25 @@ def build_job(
         frame=None if mutant.module else function_frame(source, mutant.function),
         module=mutant.module,
         path=mutant.path,
+        lines=mutant.changed_lines,
+        cost=predicted_cost(mutant, durations),
     )
+
+
+def chains(keyed: Iterable[tuple[Mutant, str]], judged: Collection[str]) -> tuple[Chain, ...]:
+    """The mutants of each function in a fixed order (first line, then id), for the
+    chains of :mod:`audit.testproc.order`; ``keyed``: every mutant with covering tests
+    and its verdict's key, ``judged``: the keys judged now (the others are cached).
+    A chain with nothing to judge is left out."""
+    by_function: dict[tuple[str, str], list[tuple[Mutant, str]]] = {}
+    for mutant, key in keyed:
+        by_function.setdefault((mutant.module, mutant.function), []).append((mutant, key))
+    found = []
+    for _, members in sorted(by_function.items()):
+        members.sort(key=lambda pair: (min(pair[0].changed_lines, default=0), pair[0].id))
+        if any(key in judged for _, key in members):
+            found.append(Chain(tuple(Member(key, m.changed_lines) for m, key in members)))
+    return tuple(found)
 
 
 def predicted_cost(mutant: Mutant, durations: Mapping[str, float]) -> float:

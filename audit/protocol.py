@@ -153,6 +153,25 @@ class Job:
     module: str = ""  # another module than the target, and its file; empty: the target
     path: str = ""
     env: dict[str, str] = dataclasses.field(default_factory=dict)  # set in its fork
+    lines: tuple[int, ...] = ()  # the lines it changes (the original's numbers)
+    cost: float = 0.0  # predicted seconds at most: its tests' baseline durations
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A mutant of a :class:`Chain`: its verdict's file name (cache key) and its lines."""
+
+    key: str
+    lines: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Chain:
+    """The mutants of one function, in a fixed order. A job of the chain runs first the
+    tests that killed the members before it (audit.testproc.order), so it waits for
+    their verdicts; a member judged in an earlier run has its verdict in the cache."""
+
+    members: tuple[Member, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +190,7 @@ class MutationSpec:
     jobs: tuple[Job, ...]
     forced_fail: Job  # raises at once: must be killed, or no survivor can be trusted
     whole_failure: bool  # keep a failure's Hypothesis example whole (the deep look's)
+    chains: tuple[Chain, ...] = ()  # a job in no chain waits for nothing
 
 
 Spec = BaselineSpec | PlainRunSpec | MutationSpec

@@ -63,7 +63,7 @@ class MutantLoop:
         emit(ForcedFailChecked(verdict))
         if verdict.status is not MutantStatus.KILLED:
             return
-        pool.run(self.spec.jobs)
+        pool.run(self.spec.jobs, self.spec.chains)
         # Every verdict is written: what is left (pytest's session teardown, the
         # interpreter's exit) is of no use, and the caller may kill us now.
         emit(Done())

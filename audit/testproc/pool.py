@@ -11,13 +11,14 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from audit.protocol import (
+    Chain,
     Job,
     Judged,
     MutantStatus,
@@ -28,6 +29,7 @@ from audit.protocol import (
 )
 from audit.testproc.channel import emit
 from audit.testproc.judge import judge_in_fork
+from audit.testproc.order import Schedule
 
 POLL_S = 0.005  # waking on SIGCHLD instead measured no gain (DESIGN.md, "The executor")
 
@@ -49,23 +51,24 @@ class ForkPool:
         self.results.mkdir(parents=True, exist_ok=True)
         self.source = Path(spec.target_path).read_text()
 
-    def run(self, jobs: Iterable[Job]) -> None:
+    def run(self, jobs: Iterable[Job], chains: Iterable[Chain] = ()) -> None:
+        """Judge ``jobs``, a chain's one after the other (:mod:`.order`)."""
         running: dict[int, _Running] = {}
         try:
-            self._run(iter(jobs), running)
+            self._run(Schedule(jobs, chains, self.verdict), running)
         finally:  # interrupted: no fork outlives the pool (their verdicts are not written)
             for pid in running:
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
 
-    def _run(self, queue: Iterator[Job], running: dict[int, _Running]) -> None:
+    def _run(self, schedule: Schedule, running: dict[int, _Running]) -> None:
         workers = max(1, self.spec.workers)
-        exhausted = False
-        while running or not exhausted:
-            while not exhausted and len(running) < workers:
-                job = next(queue, None)
+        while running or schedule:
+            while len(running) < workers:
+                job = schedule.take()
                 if job is None:
-                    exhausted = True
+                    if not running:  # cannot be: a job waits only for one being judged
+                        raise RuntimeError("every job left waits, and none is being judged")
                     break
                 started = time.monotonic()
                 pid = os.fork()
@@ -77,6 +80,7 @@ class ForkPool:
             if pid:
                 done = running.pop(pid)
                 self.settled(done.job, status, now - done.started)
+                schedule.settled(done.job.key)
                 continue
             for pid, late in list(running.items()):
                 if now > late.deadline:
@@ -91,10 +95,16 @@ class ForkPool:
                     )
                     save_verdict(self.verdict_path(late.job), verdict)
                     emit(Judged(late.job.id, MutantStatus.TIMEOUT))
+                    schedule.settled(late.job.key)
             time.sleep(POLL_S)
 
     def verdict_path(self, job: Job) -> Path:
         return self.results / f"{job.key}.json"
+
+    def verdict(self, key: str) -> Verdict | None:
+        """The verdict written under ``key`` (this run's or the cache's), if any."""
+        path = self.results / f"{key}.json"
+        return load_verdict(path) if path.is_file() else None
 
     def settled(self, job: Job, status: int, duration: float) -> None:
         """A fork ended: read its verdict, or say why there is none."""

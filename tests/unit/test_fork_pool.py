@@ -4,12 +4,22 @@ tests hang and others fail was a timeout or a kill depending on that order)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
 import pytest
 
-from audit.protocol import Job, MutantStatus, MutationSpec, Verdict, load_verdict, save_verdict
+from audit.protocol import (
+    Chain,
+    Job,
+    Member,
+    MutantStatus,
+    MutationSpec,
+    Verdict,
+    load_verdict,
+    save_verdict,
+)
 from audit.testproc import pool
 
 TESTS = ("tests/t.py::quick", "tests/t.py::slow", "tests/t.py::killer")
@@ -65,3 +75,68 @@ def test_a_kill_does_not_reorder_the_next_mutants_tests(
         verdict = load_verdict(tmp_path / "results" / f"{key}.json")
         assert verdict.tests_run == TESTS, key
         assert verdict.killed_by == "tests/t.py::killer"
+
+
+def judge_by_killer(spec: MutationSpec, source: str, items: object, job: Job) -> None:
+    """Stands in for the judging fork: runs the tests in the job's order up to the
+    first of KILLERS, which kills."""
+    run = []
+    verdict = Verdict(MutantStatus.SURVIVED, tests_run=job.tests)
+    for test in job.tests:
+        run.append(test)
+        if test in KILLERS:
+            verdict = Verdict(MutantStatus.KILLED, test, "failed", tuple(run))
+            break
+    save_verdict(Path(spec.results_dir) / f"{job.key}.json", verdict)
+    os._exit(0)
+
+
+KILLERS = {"tests/t.py::killer"}
+
+
+def chained(key: str, line: int, tests: tuple[str, ...] = TESTS) -> Job:
+    return dataclasses.replace(job(key), lines=(line,), tests=tests, cost=1.0)
+
+
+def test_a_chain_s_jobs_run_first_the_tests_that_killed_the_members_before_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "fence.py"
+    target.write_text("class Fence:\n    def flush(self):\n        pass\n")
+    monkeypatch.setattr(pool, "judge_in_fork", judge_by_killer)
+    monkeypatch.setattr(pool, "emit", lambda event: None)
+    two = dataclasses.replace(spec(tmp_path / "results", target), workers=2)
+    forks = pool.ForkPool(two, items={})
+    jobs = [chained("a", 3), chained("b", 3), chained("c", 4), chained("other", 3)]
+    chain = Chain(tuple(Member(j.key, j.lines) for j in jobs[:3]))
+
+    forks.run(jobs, [chain])
+
+    def run(key: str) -> tuple[str, ...]:
+        return load_verdict(tmp_path / "results" / f"{key}.json").tests_run
+
+    # "a" starts the chain: its own order. "b" and "c" wait for it (two workers, yet
+    # neither ran its three tests), then begin with its killer. "other" is in no chain.
+    assert run("a") == TESTS
+    assert run("b") == ("tests/t.py::killer",)
+    assert run("c") == ("tests/t.py::killer",)
+    assert run("other") == TESTS
+
+
+def test_a_member_judged_in_an_earlier_run_guides_as_if_judged_now(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "fence.py"
+    target.write_text("class Fence:\n    def flush(self):\n        pass\n")
+    monkeypatch.setattr(pool, "judge_in_fork", judge_by_killer)
+    monkeypatch.setattr(pool, "emit", lambda event: None)
+    results = tmp_path / "results"
+    results.mkdir()
+    cached = Verdict(MutantStatus.KILLED, "tests/t.py::killer", "failed", TESTS)
+    save_verdict(results / "a.json", cached)
+    forks = pool.ForkPool(spec(results, target), items={})
+    chain = Chain((Member("a", (3,)), Member("b", (3,))))
+
+    forks.run([chained("b", 3)], [chain])
+
+    assert load_verdict(results / "b.json").tests_run == ("tests/t.py::killer",)

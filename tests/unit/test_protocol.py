@@ -15,6 +15,7 @@ from audit import protocol
 from audit.protocol import (
     BaselineDone,
     BaselineSpec,
+    Chain,
     Command,
     Done,
     ForcedFailChecked,
@@ -22,6 +23,7 @@ from audit.protocol import (
     Job,
     Judged,
     LineEdit,
+    Member,
     MissingTests,
     MutantStatus,
     MutationSpec,
@@ -48,7 +50,11 @@ JOB = Job(
     module="vllm.other",
     path="/somewhere/other.py",
     env={"HYPOTHESIS_PROFILE": "deep"},
+    lines=(12, 20),
+    cost=4.5,
 )
+MEMBER = Member("1", (12,))
+CHAIN = Chain((Member(JOB.key, JOB.lines), MEMBER))
 VERDICT = Verdict(
     MutantStatus.KILLED, "tests/v1/a.py::test_one", "AssertionError: é", ("tests/v1/a.py",), 0.25
 )
@@ -58,6 +64,8 @@ SAMPLES: dict[type, Any] = {
     LineEdit: EDIT,
     Frame: FRAME,
     Job: JOB,
+    Member: MEMBER,
+    Chain: CHAIN,
     BaselineSpec: BaselineSpec(
         {"vllm.x": "/c/x.py"}, ("/c/x.py",), "/w/data", "/w/out.json", ("-q", "-p", "no:x"), 7
     ),
@@ -74,6 +82,7 @@ SAMPLES: dict[type, Any] = {
         jobs=(JOB, dataclasses.replace(JOB, key="1", frame=None, module="", path="")),
         forced_fail=dataclasses.replace(JOB, key="forced-fail-1"),
         whole_failure=True,
+        chains=(CHAIN,),
     ),
     Command: Command("mutate", "/w/executor-spec.json"),
     Verdict: VERDICT,
