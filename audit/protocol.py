@@ -315,6 +315,8 @@ class Warmed:
     seconds: float = 0.0
     threads_before: int = 0
     red: tuple[str, ...] = ()  # tests that failed in the warm-up (the first ten)
+    huge_mb: int = 0  # memory then moved to huge pages (audit.testproc.hugepages)
+    huge_s: float = 0.0  # what moving it took
 
 
 @dataclass(frozen=True, slots=True)

@@ -98,7 +98,7 @@ SAMPLES: dict[type, Any] = {
     ),
     BaselineDone: BaselineDone(1),
     MissingTests: MissingTests(("t.py::gone",), 3),
-    Warmed: Warmed(443, 12, 2, 3.25, 1, ("t.py::red",)),
+    Warmed: Warmed(443, 12, 2, 3.25, 1, ("t.py::red",), 372, 0.97),
     ForcedFailChecked: ForcedFailChecked(VERDICT),
     Judged: Judged(JOB.id, MutantStatus.TIMEOUT, 1.0, 1.5),
     Done: Done(),
