@@ -28,6 +28,11 @@ from audit.testproc import hugepages
 from audit.testproc.channel import emit, os_threads
 from audit.testproc.pool import ForkPool
 
+# Moving the warm process to huge pages takes about a second and saves each fork about
+# 15 ms (vLLM 0.33.0's scheduler, two workers): worth it from about 70 forks per
+# worker, done from this many.
+HUGE_PAGES_PER_WORKER = 100
+
 
 class MutantLoop:
     """A pytest plugin that replaces the run loop with the mutant loop."""
@@ -51,12 +56,14 @@ class MutantLoop:
             return
         if warmed is None:
             warmed = warm_up([items[t] for t in self.spec.warm_up], len(items))
-        # Each fork then copies a page-table entry per 2 MiB instead of per 4 KiB:
-        # 28 ms -> 11 ms of a fork's cost beyond its tests (DESIGN.md, "The executor").
-        started = time.monotonic()
-        collapsed = hugepages.collapse()
-        huge_s = round(time.monotonic() - started, 3)
-        emit(dataclasses.replace(warmed, huge_mb=collapsed.megabytes, huge_s=huge_s))
+        if len(self.spec.jobs) >= HUGE_PAGES_PER_WORKER * max(1, self.spec.workers):
+            # Each fork then copies a page-table entry per 2 MiB instead of per 4 KiB
+            # (DESIGN.md, "The executor").
+            started = time.monotonic()
+            collapsed = hugepages.collapse()
+            huge_s = round(time.monotonic() - started, 3)
+            warmed = dataclasses.replace(warmed, huge_mb=collapsed.megabytes, huge_s=huge_s)
+        emit(warmed)
         pool = ForkPool(self.spec, items)
         # Prove that a mutant really switches on before trusting any survivor.
         check = self.spec.forced_fail
