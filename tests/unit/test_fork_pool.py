@@ -1,5 +1,7 @@
-"""The fork pool judges each job on its own: what the run judged before a mutant never
-changes the order its tests run in, so never its verdict (a mutant that makes some
+"""The fork pool: a job in no chain runs its tests in its own order, whatever the run
+judged before it; a job of a chain waits for the members before it and runs their
+killers first, and a member judged in an earlier run counts as if judged now. Either
+way the order does not depend on which fork finished first (a mutant that makes some
 tests hang and others fail was a timeout or a kill depending on that order)."""
 
 from __future__ import annotations
@@ -60,14 +62,23 @@ def judge_by_last_test(spec: MutationSpec, source: str, items: object, job: Job)
     os._exit(0)
 
 
-def test_a_kill_does_not_reorder_the_next_mutants_tests(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def fake_pool(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, judge: object, workers: int = 1
+) -> pool.ForkPool:
+    """A pool whose forks run ``judge`` instead of tests, results in tmp_path/results."""
     target = tmp_path / "fence.py"
     target.write_text("class Fence:\n    def flush(self):\n        pass\n")
-    monkeypatch.setattr(pool, "judge_in_fork", judge_by_last_test)
+    monkeypatch.setattr(pool, "judge_in_fork", judge)
     monkeypatch.setattr(pool, "emit", lambda event: None)
-    forks = pool.ForkPool(spec(tmp_path / "results", target), items={})
+    return pool.ForkPool(
+        dataclasses.replace(spec(tmp_path / "results", target), workers=workers), items={}
+    )
+
+
+def test_a_kill_does_not_reorder_the_next_unchained_mutants_tests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    forks = fake_pool(tmp_path, monkeypatch, judge_by_last_test)
 
     forks.run([job("first"), job("second"), job("third")])
 
@@ -94,19 +105,14 @@ def judge_by_killer(spec: MutationSpec, source: str, items: object, job: Job) ->
 KILLERS = {"tests/t.py::killer"}
 
 
-def chained(key: str, line: int, tests: tuple[str, ...] = TESTS) -> Job:
-    return dataclasses.replace(job(key), lines=(line,), tests=tests, cost=1.0)
+def chained(key: str, line: int) -> Job:
+    return dataclasses.replace(job(key), lines=(line,), cost=1.0)
 
 
 def test_a_chain_s_jobs_run_first_the_tests_that_killed_the_members_before_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    target = tmp_path / "fence.py"
-    target.write_text("class Fence:\n    def flush(self):\n        pass\n")
-    monkeypatch.setattr(pool, "judge_in_fork", judge_by_killer)
-    monkeypatch.setattr(pool, "emit", lambda event: None)
-    two = dataclasses.replace(spec(tmp_path / "results", target), workers=2)
-    forks = pool.ForkPool(two, items={})
+    forks = fake_pool(tmp_path, monkeypatch, judge_by_killer, workers=2)
     jobs = [chained("a", 3), chained("b", 3), chained("c", 4), chained("other", 3)]
     chain = Chain(tuple(Member(j.key, j.lines) for j in jobs[:3]))
 
@@ -126,15 +132,10 @@ def test_a_chain_s_jobs_run_first_the_tests_that_killed_the_members_before_them(
 def test_a_member_judged_in_an_earlier_run_guides_as_if_judged_now(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    target = tmp_path / "fence.py"
-    target.write_text("class Fence:\n    def flush(self):\n        pass\n")
-    monkeypatch.setattr(pool, "judge_in_fork", judge_by_killer)
-    monkeypatch.setattr(pool, "emit", lambda event: None)
+    forks = fake_pool(tmp_path, monkeypatch, judge_by_killer)
     results = tmp_path / "results"
-    results.mkdir()
     cached = Verdict(MutantStatus.KILLED, "tests/t.py::killer", "failed", TESTS)
     save_verdict(results / "a.json", cached)
-    forks = pool.ForkPool(spec(results, target), items={})
     chain = Chain((Member("a", (3,)), Member("b", (3,))))
 
     forks.run([chained("b", 3)], [chain])
