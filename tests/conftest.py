@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -32,6 +33,18 @@ def fake_index() -> Iterator[Callable[[str], FakeIndex]]:
     yield start
     for index in started:
         index.close()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C raises KeyboardInterrupt here and in every process the tests start.
+
+    A shell starts a command put in the background (`cmd &`, no job control) with
+    SIGINT ignored, and an ignored signal stays ignored across exec: the tests that
+    interrupt a process (a judging fork, a finalizer) then saw nothing happen. A Python
+    handler is reset to the default on exec, so the processes started from here get
+    Python's own handler again."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
