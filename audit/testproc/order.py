@@ -73,8 +73,8 @@ class Schedule:
             if chained.intersection(keys) or len(set(keys)) != len(keys):
                 raise ValueError("a mutant is in more than one place of the chains")
             chained.update(keys)
-            left = math.fsum(self.waiting[k].cost for k in keys if k in self.waiting)
             if any(key in self.waiting for key in keys):
+                left = math.fsum(self.waiting[k].cost for k in keys if k in self.waiting)
                 self._chains.append(_Progress(chain.members, left))
         # A job in no chain is a chain of its own.
         for key, job in self.waiting.items():
@@ -87,9 +87,7 @@ class Schedule:
 
     def settled(self, key: str) -> None:
         """``key``'s judging ended (its verdict, if any, is written)."""
-        chain = self._busy.pop(key, None)
-        if chain is not None:
-            chain.busy = False
+        self._busy.pop(key, None)
 
     def take(self) -> Job | None:
         """The next job to start (its tests in their guided order), or None when every
@@ -103,7 +101,6 @@ class Schedule:
         member = best.members[best.next]
         job = self.waiting.pop(member.key)
         self._busy[member.key] = best
-        best.busy = True
         best.left -= job.cost
         kills = [k for k in map(self._kill, best.members[: best.next]) if k is not None]
         best.next += 1
@@ -113,7 +110,7 @@ class Schedule:
     def _may_start(self, chain: _Progress) -> bool:
         """Whether the chain's next job may start: every member before it has its
         verdict (members not judged in this run have theirs already)."""
-        if chain.busy:
+        if any(busy is chain for busy in self._busy.values()):  # one job per chain at a time
             return False
         members = chain.members
         while chain.next < len(members) and members[chain.next].key not in self.waiting:
@@ -138,4 +135,3 @@ class _Progress:
     members: tuple[Member, ...]
     left: float
     next: int = 0  # the first member that may not have its verdict yet
-    busy: bool = False  # one of its jobs is being judged

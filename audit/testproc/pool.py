@@ -99,12 +99,15 @@ class ForkPool:
             time.sleep(POLL_S)
 
     def verdict_path(self, job: Job) -> Path:
-        return self.results / f"{job.key}.json"
+        return self._path(job.key)
 
     def verdict(self, key: str) -> Verdict | None:
         """The verdict written under ``key`` (this run's or the cache's), if any."""
-        path = self.results / f"{key}.json"
+        path = self._path(key)
         return load_verdict(path) if path.is_file() else None
+
+    def _path(self, key: str) -> Path:
+        return self.results / f"{key}.json"
 
     def settled(self, job: Job, status: int, duration: float) -> None:
         """A fork ended: read its verdict, or say why there is none."""
