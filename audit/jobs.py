@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import ast
 import functools
+import keyword
 import math
 import os
+import re
 import uuid
+from collections import Counter
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,11 +62,7 @@ def build_job(
     options: ExecutorOptions,
 ) -> Job:
     """The job judging ``mutant`` (``source``: the target's text, for its frame)."""
-    # vLLM's own tests first, fastest first: a kill by this project's suite then
-    # means that no test of vLLM's killed it (the report's "vLLM alone" score).
-    tests = tuple(
-        sorted(mutant.covered_by, key=lambda t: (is_project_test(t), durations.get(t, 0.0), t))
-    )
+    tests = initial_order(mutant, durations)
     budgets = {t: options.test_budget(durations.get(t, 0.0)) for t in tests}
     return Job(
         key=key,
@@ -79,6 +78,66 @@ def build_job(
         lines=mutant.changed_lines,
         cost=predicted_cost(mutant, durations),
     )
+
+
+def initial_order(mutant: Mutant, durations: Mapping[str, float]) -> tuple[str, ...]:
+    """``mutant``'s covering tests in the order to run them, before any kill guides it.
+
+    vLLM's own tests come first: a kill by this project's suite then means that no
+    test of vLLM's killed it (the report's "vLLM alone" score). Within each suite, the
+    tests named after what the mutant changes come first (:func:`name_affinity`),
+    then the fastest. A survivor runs them all whatever the order; a killed mutant
+    stops at its first failing test.
+    """
+    affinity = name_affinity(changed_words(mutant.diff), mutant.covered_by)
+    return tuple(
+        sorted(
+            mutant.covered_by,
+            key=lambda t: (is_project_test(t), -affinity[t], durations.get(t, 0.0), t),
+        )
+    )
+
+
+_NOT_WORDS = frozenset(w.lower() for w in keyword.kwlist) | {
+    "self", "cls", "none", "true", "false", "len", "int", "str", "the"
+}  # fmt: skip
+
+
+def words(text: str) -> frozenset[str]:
+    """The words of identifiers in ``text``: split at underscores, digits and
+    camelCase, lower-cased, three letters or more, Python's keywords and a few
+    ubiquitous names left out (``_stale_job_threshold``: stale, job, threshold)."""
+    parts = (
+        part.lower()
+        for identifier in re.findall(r"[A-Za-z][A-Za-z0-9]*", text)
+        for part in re.findall(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])", identifier)
+    )
+    return frozenset(p for p in parts if len(p) > 2 and p not in _NOT_WORDS)
+
+
+def changed_words(diff: str) -> frozenset[str]:
+    """The words of the lines a mutant changes: its diff's removed lines (its added
+    ones when it only inserts)."""
+    lines = diff.splitlines()
+    removed = [line[1:] for line in lines if line.startswith("-") and not line.startswith("---")]
+    added = [line[1:] for line in lines if line.startswith("+") and not line.startswith("+++")]
+    return words(" ".join(removed or added))
+
+
+def name_affinity(changed: frozenset[str], tests: Collection[str]) -> dict[str, float]:
+    """How much each test's name shares the words of the mutated code, each shared
+    word weighted by how few of ``tests`` have it in their name (log n/k: a word in
+    every name counts for nothing).
+
+    A test is often named after what it checks: the mutant of
+    ``offload_prompt_only=spec.offload_prompt_only`` in vLLM 0.33.0's scheduler is
+    killed by ``test_offload_prompt_only``, the 327th of its 346 covering tests in
+    duration order. Only the test's function name counts, not its parameters.
+    """
+    named = {t: words(t.rpartition("::")[2].partition("[")[0]) & changed for t in tests}
+    naming = Counter(word for found in named.values() for word in found)
+    n = len(named)
+    return {t: math.fsum(math.log(n / naming[w]) for w in sorted(named[t])) for t in named}
 
 
 def chains(keyed: Iterable[tuple[Mutant, str]], judged: Collection[str]) -> tuple[Chain, ...]:

@@ -1,8 +1,11 @@
-"""A job of a chain runs first the tests that killed the members before it; vLLM's
-tests stay before this project's; the chain with the most work left starts first."""
+"""A job runs first the tests named after what its mutant changes; a job of a chain
+runs first the tests that killed the members before it; vLLM's tests stay before
+this project's; the chain with the most work left starts first."""
 
 from __future__ import annotations
 
+from audit.jobs import initial_order, words
+from audit.model import Mutant
 from audit.protocol import Chain, Job, Member, MutantStatus, Verdict
 from audit.testproc.order import Schedule, guided
 
@@ -26,6 +29,57 @@ def test_a_test_of_this_project_never_runs_before_vllm_s() -> None:
     order = guided(VLLM + OURS, (7,), [((7,), OURS[1])])
 
     assert order == (*VLLM, OURS[1], OURS[0])
+
+
+def mutant(diff: str, *tests: str) -> Mutant:
+    return Mutant("F.f:op@1:0-1:1#0", "mutmut", "", "F.f", "op", 0, 1, (1,), diff, (), tests)
+
+
+CHANGE = """--- a/scheduler.py
++++ b/scheduler.py
+@@ -3 +3 @@
+-            offload_prompt_only=spec.offload_prompt_only,
++            offload_prompt_only=None,
+"""
+FAST, SLOW = "tests/v1/t.py::test_store_jobs[True]", "tests/v1/t.py::test_offload_prompt_only[1]"
+DURATIONS = {FAST: 0.01, SLOW: 0.5}
+
+
+def test_a_test_named_after_the_changed_code_runs_before_faster_ones() -> None:
+    assert initial_order(mutant(CHANGE, FAST, SLOW), DURATIONS) == (SLOW, FAST)
+
+
+def test_a_word_every_covering_test_is_named_with_weighs_nothing() -> None:
+    slow, fast = "tests/v1/t.py::test_offload_jobs", "tests/v1/t.py::test_offload_fast"
+
+    assert initial_order(mutant(CHANGE, slow, fast), {slow: 0.3, fast: 0.01}) == (fast, slow)
+
+
+def test_a_rare_word_weighs_more_than_two_common_ones() -> None:
+    common = tuple(f"tests/v1/t.py::test_offload_only_{n}" for n in "abc")
+    rare = "tests/v1/t.py::test_prompt_slow"
+    durations = {**dict.fromkeys(common, 0.01), rare: 0.5}
+
+    assert initial_order(mutant(CHANGE, *common, rare), durations)[0] == rare
+
+
+def test_without_a_shared_word_the_fastest_runs_first() -> None:
+    unrelated = CHANGE.replace("offload_prompt_only", "window")
+    assert initial_order(mutant(unrelated, SLOW, FAST), DURATIONS) == (FAST, SLOW)
+
+
+def test_a_named_test_of_this_project_still_runs_after_vllm_s() -> None:
+    ours = "project/fence/test_f.py::test_offload_prompt_only"
+
+    assert initial_order(mutant(CHANGE, ours, FAST), {ours: 0.0, FAST: 0.1}) == (FAST, ours)
+
+
+def test_words_split_identifiers_and_leave_keywords_out() -> None:
+    text = "if self._stale_job_threshold is None and getNumThreads(LOOKUP_SYNC_DELAY, x2):"
+
+    assert words(text) == {
+        *("stale", "job", "threshold", "get", "num", "threads", "lookup", "sync", "delay")
+    }
 
 
 def job(key: str, cost: float, lines: tuple[int, ...] = (1,)) -> Job:
