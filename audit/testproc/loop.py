@@ -9,6 +9,7 @@ replaces pytest's run loop.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 
 import pytest
@@ -56,6 +57,7 @@ class MutantLoop:
             return
         if warmed is None:
             warmed = warm_up([items[t] for t in self.spec.warm_up], len(items))
+        settle_fork_hooks()
         if len(self.spec.jobs) >= HUGE_PAGES_PER_WORKER * max(1, self.spec.workers):
             # Each fork then copies a page-table entry per 2 MiB instead of per 4 KiB
             # (DESIGN.md, "The executor").
@@ -81,6 +83,21 @@ class MutantLoop:
         # Every verdict is written: what is left (pytest's session teardown, the
         # interpreter's exit) is of no use, and the caller may kill us now.
         emit(Done())
+
+
+def settle_fork_hooks() -> None:
+    """Do once, before the first fork, what an at-fork hook would redo in every fork.
+
+    ``huggingface_hub`` closes its HTTP client in each forked child (3-4.5 ms a fork
+    with vLLM's scheduler tests, which made one). Closed here, the hook finds none:
+    each fork starts as it would have after its hook, without the client. The tests
+    run offline (``HF_HUB_OFFLINE``); a test that asks for the client gets a new one,
+    as it would have in the fork.
+    """
+    hub = sys.modules.get("huggingface_hub")
+    close = getattr(hub, "close_session", None)
+    if callable(close):
+        close()
 
 
 def warm_up(tests: list[pytest.Item], collected: int) -> Warmed:

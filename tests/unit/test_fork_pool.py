@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +24,7 @@ from audit.protocol import (
     load_verdict,
     save_verdict,
 )
-from audit.testproc import pool
+from audit.testproc import loop, pool
 
 TESTS = ("tests/t.py::quick", "tests/t.py::slow", "tests/t.py::killer")
 
@@ -141,3 +143,55 @@ def test_a_member_judged_in_an_earlier_run_guides_as_if_judged_now(
     forks.run([chained("b", 3)], [chain])
 
     assert load_verdict(results / "b.json").tests_run == ("tests/t.py::killer",)
+
+
+def test_the_pool_wakes_when_a_fork_ends_not_at_its_deadline() -> None:
+    exits = pool._Exits()
+    if not exits.usable:
+        pytest.skip("no pidfd on this kernel")
+    release, held = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(held)
+        os.read(release, 1)  # ends once the test closes its end
+        os._exit(0)
+    os.close(release)
+    exits.watch(pid)
+    try:
+        exits.wait(0.2)  # the fork still runs: back at the deadline, nothing ended
+        assert os.waitpid(pid, os.WNOHANG) == (0, 0)
+        os.close(held)
+        started = time.monotonic()
+        exits.wait(30.0)  # at most a second when nothing wakes it
+        assert time.monotonic() - started < 0.9
+        assert os.waitpid(pid, os.WNOHANG)[0] == pid
+    finally:
+        exits.forget(pid)
+    assert not exits._fds
+
+
+def test_without_pidfds_the_pool_looks_again_after_a_poll(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refused(pid: int) -> int:
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", refused, raising=False)
+    exits = pool._Exits()
+    exits.watch(os.getpid())
+    slept: list[float] = []
+    monkeypatch.setattr(pool.time, "sleep", slept.append)
+
+    exits.wait(30.0)
+
+    assert not exits.usable
+    assert slept == [pool.POLL_S]
+
+
+def test_the_hub_s_client_is_closed_once_before_the_forks(monkeypatch: pytest.MonkeyPatch) -> None:
+    closed: list[str] = []
+    hub = type(sys)("huggingface_hub")
+    hub.close_session = lambda: closed.append("closed")  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "huggingface_hub", hub)
+
+    loop.settle_fork_hooks()
+
+    assert closed == ["closed"]
