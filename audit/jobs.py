@@ -124,6 +124,12 @@ def changed_words(diff: str) -> frozenset[str]:
     return words(" ".join(removed or added))
 
 
+@functools.lru_cache(maxsize=4096)  # a test covers many mutants: its name is read once
+def name_words(test_id: str) -> frozenset[str]:
+    """The words of a test's function name (its parameters left out)."""
+    return words(test_id.rpartition("::")[2].partition("[")[0])
+
+
 def name_affinity(changed: frozenset[str], tests: Collection[str]) -> dict[str, float]:
     """How much each test's name shares the words of the mutated code, each shared
     word weighted by how few of ``tests`` have it in their name (log n/k: a word in
@@ -134,7 +140,7 @@ def name_affinity(changed: frozenset[str], tests: Collection[str]) -> dict[str, 
     killed by ``test_offload_prompt_only``, the 327th of its 346 covering tests in
     duration order. Only the test's function name counts, not its parameters.
     """
-    named = {t: words(t.rpartition("::")[2].partition("[")[0]) & changed for t in tests}
+    named = {t: name_words(t) & changed for t in tests}
     naming = Counter(word for found in named.values() for word in found)
     n = len(named)
     return {t: math.fsum(math.log(n / naming[w]) for w in sorted(named[t])) for t in named}
