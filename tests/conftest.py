@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-# Helpers shared by all test folders (fake_index) import by module name.
+# Helpers shared by all test folders (fake_index, kernel) import by module name.
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_index import FakeIndex
 

@@ -31,7 +31,8 @@ from audit.testproc.pool import ForkPool
 
 # Moving the warm process to huge pages takes about a second and saves each fork about
 # 15 ms (vLLM 0.33.0's scheduler, two workers): worth it from about 70 forks per
-# worker, done from this many.
+# worker, done from this many in a process of its own. The baseline's process does it
+# while it waits for its command, whatever the number (:mod:`.baseline`).
 HUGE_PAGES_PER_WORKER = 100
 
 
@@ -57,14 +58,10 @@ class MutantLoop:
             return
         if warmed is None:
             warmed = warm_up([items[t] for t in self.spec.warm_up], len(items))
+            if len(self.spec.jobs) >= HUGE_PAGES_PER_WORKER * max(1, self.spec.workers):
+                megabytes, seconds = collapse_memory()
+                warmed = dataclasses.replace(warmed, huge_mb=megabytes, huge_s=seconds)
         settle_fork_hooks()
-        if len(self.spec.jobs) >= HUGE_PAGES_PER_WORKER * max(1, self.spec.workers):
-            # Each fork then copies a page-table entry per 2 MiB instead of per 4 KiB
-            # (DESIGN.md, "The executor").
-            started = time.monotonic()
-            collapsed = hugepages.collapse()
-            huge_s = round(time.monotonic() - started, 3)
-            warmed = dataclasses.replace(warmed, huge_mb=collapsed.megabytes, huge_s=huge_s)
         emit(warmed)
         pool = ForkPool(self.spec, items)
         # Prove that a mutant really switches on before trusting any survivor.
@@ -98,6 +95,15 @@ def settle_fork_hooks() -> None:
     close = getattr(hub, "close_session", None)
     if callable(close):
         close()
+
+
+def collapse_memory() -> tuple[int, float]:
+    """Move this process's memory to huge pages: each fork then copies a page-table
+    entry per 2 MiB instead of per 4 KiB (DESIGN.md, "The executor"). Returns the
+    megabytes moved and the seconds it took."""
+    started = time.monotonic()
+    collapsed = hugepages.collapse()
+    return collapsed.megabytes, round(time.monotonic() - started, 3)
 
 
 def warm_up(tests: list[pytest.Item], collected: int) -> Warmed:

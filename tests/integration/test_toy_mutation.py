@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from kernel import kernel_collapses
 
 from audit import alone, baseline, coverage_map, deep, executor
 from audit.baseline import start_baseline
@@ -166,6 +167,23 @@ def test_judging_in_the_warm_baseline_process_gives_the_same_verdicts(toy: Toy) 
     log = (toy.config.reports_dir / "logs" / "mutants.log").read_text()
     (warmed,) = [e for e in map(parse_event, log.splitlines()) if isinstance(e, Warmed)]
     assert warmed.tests == 0  # no second warm-up: the baseline was it
+
+
+def warmed_event(toy: Toy) -> Warmed:
+    log = (toy.config.reports_dir / "logs" / "mutants.log").read_text()
+    (warmed,) = [e for e in map(parse_event, log.splitlines()) if isinstance(e, Warmed)]
+    return warmed
+
+
+@pytest.mark.skipif(not kernel_collapses(), reason="MADV_COLLAPSE needs Linux 6.1 and THP")
+def test_the_baseline_s_process_moves_to_huge_pages_even_for_a_few_mutants(toy: Toy) -> None:
+    """Idle while the audit builds the jobs, the baseline's process moves to huge pages
+    whatever their number; a new executor process does it only for many mutants."""
+    options = dataclasses.replace(FAST, use_cache=False)
+    toy.judge(options=options)
+    assert warmed_event(toy).huge_mb == 0  # the toy's few mutants: not worth a second
+    toy.judge(options=options, warm=True)
+    assert warmed_event(toy).huge_mb > 0
 
 
 def test_the_baseline_s_process_warms_what_only_its_forks_ran(toy: Toy) -> None:

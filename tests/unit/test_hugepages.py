@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 import mmap
-import os
 import sys
 from pathlib import Path
 
 import pytest
+from kernel import kernel_collapses
 
 from audit.testproc import hugepages
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
-
-
-def kernel_collapses() -> bool:
-    """Linux 6.1 or later, transparent huge pages not switched off."""
-    release = tuple(int(p) for p in os.uname().release.split("-")[0].split(".")[:2])
-    setting = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-    return release >= (6, 1) and setting.is_file() and "[never]" not in setting.read_text()
 
 
 def anon_huge_kb() -> int:
