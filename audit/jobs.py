@@ -27,8 +27,8 @@ from audit.protocol import (
     Job,
     LineEdit,
     Member,
-    hang_allowance,
     is_project_test,
+    worst_hangs,
 )
 from audit.regions import find_function, first_line
 
@@ -41,7 +41,9 @@ class ExecutorOptions:
     # testproc.judge.BLOCKED_MIN_S), it is hung too.
     timeout_factor: float = 10.0
     timeout_min_s: float = 2.0
-    max_hangs: int = 3  # hung tests after which a mutant is judged TIMEOUT at once
+    # Budgets of its first hung test that a mutant's hangs may spend before it is
+    # judged TIMEOUT (testproc.judge.run_tests).
+    max_hangs: int = 3
     use_cache: bool = True
 
     def test_budget(self, baseline_s: float) -> float:
@@ -49,8 +51,8 @@ class ExecutorOptions:
 
     def mutant_timeout(self, baseline_s: float, budgets: Iterable[float]) -> float:
         """Backstop for a whole judging: every test thrice its baseline time, the
-        largest budgets spent on hangs, and slack for the fork."""
-        hangs = hang_allowance(budgets, self.max_hangs)
+        most its hung tests can spend, and slack for the fork."""
+        hangs = worst_hangs(budgets, self.max_hangs)
         return round(3 * baseline_s + hangs + 30.0, 3)
 
 

@@ -40,10 +40,16 @@ class ProtocolError(ValueError):
     """A message that does not match its type: a fence-audit bug, or a damaged file."""
 
 
-def hang_allowance(budgets: typing.Iterable[float], max_hangs: int) -> float:
-    """Seconds a judging may spend on hung tests: its ``max_hangs`` largest budgets
-    (the judge stops there; the parent's backstop leaves room for it)."""
-    return sum(sorted(budgets, reverse=True)[:max_hangs])
+def hang_allowance(first_budget: float, max_hangs: int) -> float:
+    """Seconds a judging may spend on hung tests: ``max_hangs`` budgets of the first
+    test that hung (the judge stops there)."""
+    return max_hangs * first_budget
+
+
+def worst_hangs(budgets: typing.Iterable[float], max_hangs: int) -> float:
+    """The most a judging can spend on hung tests, for the parent's backstop: its
+    allowance with its largest budget hung first, and one more hang past it."""
+    return (max_hangs + 1) * max(budgets, default=0.0)
 
 
 def is_project_test(test_id: str) -> bool:

@@ -21,7 +21,7 @@ from pathlib import Path
 from audit.model import Mutant, MutantResult
 from audit.protocol import MutantStatus, ProtocolError, Verdict, load_verdict
 
-ENGINE_VERSION = 10  # bump when a verdict's meaning changes: old cache entries then miss
+ENGINE_VERSION = 11  # bump when a verdict's meaning changes: old cache entries then miss
 DAMAGED = "the verdict file does not hold a verdict"
 
 

@@ -82,12 +82,12 @@ def run_tests(
     Killed if a test fails; timeout if none fails but one hung; survived otherwise.
     A mutant that makes some tests spin often makes a later one fail: after the first
     hang, each further test gets a fifth of its budget (:data:`SHRINK`), and the
-    judging gives up (timeout) once its hangs have spent what ``max_hangs`` full
-    budgets would. The order is fixed, so the verdict is the same in every run.
+    judging gives up (timeout) once its hangs have spent ``max_hangs`` budgets of the
+    first hung test. The order is fixed, so the verdict is the same in every run.
     """
     run: list[str] = []
     hung: list[str] = []
-    allowance = hang_allowance(job.budgets.values(), max_hangs)
+    allowance = 0.0  # set by the first hang
     spent = 0.0
     capture = logs.per_test_capture(items[t] for t in job.tests)
     for test_id, after in zip(job.tests, [*job.tests[1:], None], strict=True):
@@ -103,6 +103,8 @@ def run_tests(
             except TestHung:  # raised again outside the test's call (its teardown spun)
                 reports = []
         if alarm.reason:
+            if not hung:
+                allowance = hang_allowance(budget, max_hangs)
             hung.append(f"{test_id} {alarm.reason}")
             spent += budget
             if spent >= allowance:

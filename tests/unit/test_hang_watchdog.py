@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from audit.protocol import Job, MutantStatus, Verdict
+from audit.jobs import ExecutorOptions
+from audit.protocol import Job, MutantStatus, Verdict, hang_allowance
 from audit.testproc import judge
 from audit.testproc.judge import TICK_S, TestHung, _Alarm, time_budget
 
@@ -91,8 +92,13 @@ class Report:
     longreprtext: str = "assert False"
 
 
-def judged(monkeypatch: pytest.MonkeyPatch, behaviours: dict[str, Any]) -> Verdict:
-    """``run_tests`` over tests that behave as given (0.5 s budgets, three hangs)."""
+def judged(
+    monkeypatch: pytest.MonkeyPatch,
+    behaviours: dict[str, Any],
+    budgets: dict[str, float] | None = None,
+) -> Verdict:
+    """``run_tests`` over tests that behave as given (0.5 s budgets unless ``budgets``
+    says otherwise, three hangs)."""
 
     def protocol(item: str, nextitem: object, log: bool) -> list[Report]:
         return behaviours[item]()  # type: ignore[no-any-return]
@@ -101,7 +107,7 @@ def judged(monkeypatch: pytest.MonkeyPatch, behaviours: dict[str, Any]) -> Verdi
     # the stand-in items are names: no pytest config, so no log capture to set up
     monkeypatch.setattr(judge.logs, "per_test_capture", lambda items: contextlib.nullcontext)
     tests = tuple(behaviours)
-    job = Job("k", "m", "f", (), tests, dict.fromkeys(tests, 0.5), 60.0)
+    job = Job("k", "m", "f", (), tests, dict.fromkeys(tests, 0.5) | (budgets or {}), 60.0)
     return judge.run_tests({t: t for t in tests}, job, max_hangs=3)  # type: ignore[misc]
 
 
@@ -153,6 +159,21 @@ def test_hangs_stop_the_judging_once_they_spent_the_allowance(
     assert verdict.hung[:2] == ("t0 > 0.5s of CPU", "t1 > 0.1s of CPU")
 
 
+def passing() -> list[Report]:
+    return [Report(failed=False)]
+
+
+def test_the_allowance_is_the_first_hung_test_s_not_the_largest_budgets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A slow test of the job (a 5 s budget) that passes does not buy the quick ones
+    # that spin more hangs: the judging stops after three budgets of the first hung.
+    tests = {"slow": passing} | {f"t{i}": spin for i in range(40)} | {"last": failing}
+    verdict = judged(monkeypatch, tests, budgets={"slow": 5.0})
+    assert verdict.status is MutantStatus.TIMEOUT
+    assert len(verdict.tests_run) == 1 + 1 + 2 * judge.SHRINK
+
+
 def spin_through_teardown() -> list[Report]:
     """A test whose cleanup loops too: it swallows the first stop and spins on (for
     5 s at most, so that a watchdog that never stops it again fails the test)."""
@@ -171,3 +192,13 @@ def test_a_teardown_that_spins_on_is_stopped_again() -> None:
         spin_through_teardown()
     assert alarm.reason == "> 0.5s of CPU"
     assert time.monotonic() - start < 0.5 + 0.1 + 4 * TICK_S
+
+
+def test_the_backstop_leaves_room_for_the_largest_budget_hung_first() -> None:
+    # hung first, the 5 s test allows 15 s of hangs, and the last hang may overrun it
+    # by a fifth of a budget: the parent must not kill the fork before that
+    options = ExecutorOptions(max_hangs=3)
+    budgets = [0.5, 5.0, 2.0]
+    worst = hang_allowance(5.0, 3) + 5.0 / judge.SHRINK
+    slack = 30.0  # for the fork itself
+    assert options.mutant_timeout(0.0, budgets) - slack >= worst
