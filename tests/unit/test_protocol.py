@@ -188,6 +188,23 @@ def test_nested_errors_name_the_path_to_the_field() -> None:
         protocol.from_json(MutationSpec, data)
 
 
+def test_a_long_list_or_table_read_whole_still_names_the_item_that_does_not_fit() -> None:
+    # tests and budgets are read whole when every item fits (a whole module's spec
+    # holds 700,000 of them); one that does not is still named by its place
+    data = protocol.to_json(SAMPLES[MutationSpec])
+    data["jobs"][0]["tests"] = [f"t{i}" for i in range(50)] + [7]
+    with pytest.raises(ProtocolError, match=r"MutationSpec.jobs\[0\].tests\[50\]: expected str"):
+        protocol.from_json(MutationSpec, data)
+    data = protocol.to_json(SAMPLES[MutationSpec])
+    data["jobs"][0]["budgets"] = {"a": 2.5, "b": 2, "c": True}
+    with pytest.raises(ProtocolError, match=r"budgets\['c'\]: expected float"):
+        protocol.from_json(MutationSpec, data)
+    del data["jobs"][0]["budgets"]["c"]  # an integral budget is a float once read
+    budgets = protocol.from_json(MutationSpec, data).jobs[0].budgets
+    assert budgets == {"a": 2.5, "b": 2.0}
+    assert all(type(v) is float for v in budgets.values())
+
+
 def test_a_command_outside_the_vocabulary_is_refused() -> None:
     with pytest.raises(ProtocolError, match="'explode' is not one of"):
         protocol.from_json(Command, {"action": "explode"})
