@@ -427,7 +427,7 @@ def _decode(hint: Any, data: Any, where: str) -> Any:
         args = typing.get_args(hint)
         _expect(isinstance(data, list), data, "a list", where)
         if len(args) == 2 and args[1] is Ellipsis:
-            if args[0] in (int, str, bool) and all(type(v) is args[0] for v in data):
+            if args[0] in _PLAIN and all(type(v) is args[0] for v in data):
                 return tuple(data)  # every item fits: none to decode one by one
             return tuple(_decode(args[0], v, f"{where}[{i}]") for i, v in enumerate(data))
         _expect(len(data) == len(args), data, f"{len(args)} items", where)
@@ -437,9 +437,7 @@ def _decode(hint: Any, data: Any, where: str) -> Any:
     if origin is dict:
         _, value_hint = typing.get_args(hint)
         _expect(isinstance(data, dict), data, "an object", where)
-        if value_hint in (float, int, str, bool) and all(
-            type(v) is value_hint for v in data.values()
-        ):
+        if value_hint in _PLAIN and all(type(v) is value_hint for v in data.values()):
             return dict(data)  # every value fits as it is
         return {k: _decode(value_hint, v, f"{where}[{k!r}]") for k, v in data.items()}
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
