@@ -24,7 +24,7 @@ import textwrap
 from typing import Any
 
 import pytest
-from fence_findings import has_bug
+from fence_findings import VLLM_VERSION, has_bug
 from fence_harness import (
     FINAL_SLIDING_WINDOW_TAIL,
     PREEMPTED_THEN_FINISHED,
@@ -352,6 +352,138 @@ def test_random_workloads_keep_every_fence_invariant() -> None:
     run_machine(FenceMachine)
 
 
+# RemoteWindowMachine's programs all have the layout where a sliding-window chunk can
+# hold a null block a later hit reads. On a release with reachable-null-block-chunk-stored
+# (no check for that null block before 0.33.0) any of them could stop on that known bug,
+# and where the second connector is off (REMOTE_SOURCE), they have nothing to run: the
+# machine runs on neither. On a release with sparse-retention-shorter-hit (vLLM's
+# default retention stores such a chunk) its programs keep dense retention.
+REMOTE_WINDOW = REMOTE_SOURCE and not has_bug("reachable-null-block-chunk-stored")
+REMOTE_WINDOW_RETENTION = (
+    [None] if has_bug("sparse-retention-shorter-hit-reads-unstored-block") else [0, None]
+)
+
+
+class RemoteWindowMachine(FenceMachine):
+    """FenceMachine's rules, its programs weighted towards one configuration (swarm
+    testing, with the features fixed rather than drawn): another connector of a
+    MultiConnector loads more of a prompt than a sliding-window group's window, so the
+    group backs only the window before the loaded tokens and leaves the blocks before
+    it null; the chunks its stores then offload may hold such a null block, and a
+    later request that shares a shorter prefix hits the CPU tier at an earlier chunk
+    boundary, whose window reads it.
+
+    In FenceMachine's programs those conditions (a sliding-window group, chunks of two
+    blocks or more, a window of two or more, the second connector, no EAGLE drafter,
+    a load longer than the window, then a shorter hit from the CPU tier) met about
+    once in fifty programs, and the catalogue's sliding-window-no-reachable-null-skip
+    survived the random workloads. Here every program has the layout; prompts are
+    long enough for such a load; the tier holds four chunks or more; and ``reload``
+    sends a finished request's prompt again, cut at one of its chunks, after a reset
+    of the GPU prefix cache alone, so that its hit comes from the tier.
+    """
+
+    @precondition(lambda self: self.engine is None)
+    @rule(
+        layout=st.sampled_from(["sliding", "mixed"]),
+        block_sizes=st.sampled_from(MIXED_BLOCK_SIZES),
+        async_scheduling=st.sampled_from([True, True, False]),
+        spare_blocks=st.sampled_from([0, 0, 0, 1, 2, 4, 8, 12, 12]),
+        cpu_chunks=st.sampled_from([4, 6, 8, 12, 16, 24]),
+        ranks=st.sampled_from(["one", "one", "two", "replicated"]),
+        second_worker_lag=st.integers(0, 3),
+        blocks_per_chunk=st.sampled_from([2, 3]),
+        window_blocks=st.integers(2, 3),
+        retention=st.sampled_from(REMOTE_WINDOW_RETENTION),
+        delays=st.lists(st.one_of(st.none(), st.integers(0, 4)), min_size=1, max_size=8),
+        seed=st.integers(0, 2**16),
+        enabled=st.lists(st.booleans(), min_size=len(ACTIONS), max_size=len(ACTIONS)),
+    )
+    def start(  # type: ignore[override]
+        self,
+        layout: Any,
+        block_sizes: tuple[int, int],
+        async_scheduling: bool,
+        spare_blocks: int,
+        cpu_chunks: int,
+        ranks: str,
+        second_worker_lag: int,
+        blocks_per_chunk: int,
+        window_blocks: int,
+        retention: int | None,
+        delays: list[int | None],
+        seed: int,
+        enabled: list[bool],
+    ) -> None:
+        super().start(
+            layout=layout,
+            block_sizes=block_sizes,
+            async_scheduling=async_scheduling,
+            spare_blocks=spare_blocks,
+            cpu_chunks=cpu_chunks,
+            ranks=ranks,
+            second_worker_lag=second_worker_lag,
+            blocks_per_chunk=blocks_per_chunk,
+            window_blocks=window_blocks,
+            remote_source=True,
+            retention=retention,
+            eagle=False,
+            delays=delays,
+            seed=seed,
+            enabled=enabled,
+        )
+
+    @precondition(FenceMachine._live)
+    @rule(
+        prefix=st.sampled_from(PREFIXES[1:]),
+        tail=st.integers(4, MAX_TAIL),
+        max_tokens=st.integers(1, MAX_TOKENS),
+        remote_blocks=st.sampled_from([0, 3, 4, 5, 8]),
+    )
+    def add_request(  # type: ignore[override]
+        self, prefix: tuple[int, ...], tail: int, max_tokens: int, remote_blocks: int
+    ) -> None:
+        """A request with a shared prefix and a tail of four tokens or more; the second
+        connector may load its first 3, 4, 5 or 8 blocks (as many as it has)."""
+        super().add_request(
+            prefix=prefix, tail=tail, max_tokens=max_tokens, remote_blocks=remote_blocks
+        )
+
+    @precondition(
+        lambda self: (
+            self.engine is not None and any(q.is_finished() for q in self.engine.requests.values())
+        )
+    )
+    @rule(data=st.data(), tail=st.integers(0, 3), max_tokens=st.integers(1, 4))
+    def reload(self, data: st.DataObject, tail: int, max_tokens: int) -> None:
+        """Step until the engine is idle (every transfer released), reset the GPU
+        prefix cache alone, then send a finished request's prompt again, cut within
+        one of its chunks (of the first group), plus a new tail: its hit comes from
+        the CPU tier and ends at that chunk's start."""
+        engine = self.engine
+        assert engine is not None
+        engine.drain()
+        if not engine.reset_gpu_cache():
+            return
+        finished = sorted(r for r, q in engine.requests.items() if q.is_finished())
+        prompt = list(engine.requests[data.draw(st.sampled_from(finished))].prompt_token_ids)
+        chunk = engine.group_block_sizes[0] * engine.blocks_per_chunk
+        index = data.draw(st.integers(0, (len(prompt) - 1) // chunk))
+        cut = min(len(prompt), max(1, index * chunk + data.draw(st.integers(0, chunk - 1))))
+        prompt = prompt[:cut] + list(range(self.next_tail, self.next_tail + tail))
+        self.next_tail += tail
+        engine.add_request(prompt, max_tokens)
+
+
+@pytest.mark.skipif(
+    not REMOTE_WINDOW,
+    reason=f"vLLM {VLLM_VERSION}: a known bug stops every program of this machine "
+    "(docs/findings.toml: reachable-null-block-chunk-stored or multiconnector-allocation-unseen)",
+)
+def test_random_workloads_with_an_external_load_past_the_window() -> None:
+    run_machine(RemoteWindowMachine)
+
+
 def _plant(monkeypatch: pytest.MonkeyPatch, cls: type, name: str, old: str, new: str) -> None:
     """Replace ``cls.name`` by a copy of its source with ``old`` changed to ``new``,
     for this test only (the installed file is not touched)."""
@@ -413,3 +545,23 @@ def test_random_workloads_see_a_connector_that_skips_stores(
     with pytest.raises(FenceViolation) as caught:
         run_machine(FenceMachine, _ci_unshrunk())
     assert StoreLiveness.INVARIANT in str(caught.value)
+
+
+@pytest.mark.skipif(not REMOTE_WINDOW, reason="RemoteWindowMachine does not run on this release")
+def test_random_workloads_find_a_chunk_stored_with_a_reachable_null_block(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The CI budget finds the catalogue's sliding-window-no-reachable-null-skip, which
+    FenceMachine's programs left alive: the store offers the tier a chunk whose
+    reachable block is null, and a later hit loads that block unwritten. Same examples
+    as the CI profile, without shrinking."""
+    _plant(
+        monkeypatch,
+        OffloadingConnectorScheduler,
+        "_build_store_jobs",
+        "group_state.block_ids[chunk_start + b] == 0",
+        "False",
+    )
+    with pytest.raises(ContentViolation) as caught:
+        run_machine(RemoteWindowMachine, _ci_unshrunk())
+    assert "brings" in str(caught.value)

@@ -393,3 +393,73 @@ def test_the_same_hit_without_eagle_loads_only_stored_blocks() -> None:
     which a stored."""
     e = _eagle_hit_after_an_external_load(eagle=False)
     assert e.contents.violations == []
+
+
+SHORTER_HIT_REPORT = "docs/vllm-bug-sparse-retention-shorter-hit-reads-unstored-block.md"
+NULL_CHUNK_REPORT = "docs/vllm-bug-reachable-null-block-chunk-stored.md"
+
+
+def _shorter_hit_after_an_external_load(retention: int | None) -> FenceEngine:
+    """A sliding-window group of 4-token blocks, a window of 3 blocks (12 tokens),
+    chunks of two blocks (8 tokens), ``retention`` (0: vLLM's default; None: dense).
+    Another connector of a MultiConnector loads request a's first 16 tokens, so the
+    sliding-window manager backs only the window before token 16 (blocks 1-3) and
+    leaves block 0 null. Request b shares only a's first 12 tokens: no GPU prefix hit
+    (block 0 was never cached), a CPU-tier hit of one chunk, and b's window before
+    token 8 reads blocks 0 and 1, if the tier serves chunk 0 (found by
+    RemoteWindowMachine, reduced by hand)."""
+    e = FenceEngine(
+        layout="sliding",
+        block_size=4,
+        window_blocks=3,
+        blocks_per_chunk=2,
+        remote_source=True,
+        retention_interval=retention,
+        num_gpu_blocks=40,
+        post_step_fns=[FenceOracle()],
+    )
+    e.add_request([*range(100, 112), *range(1000, 1005)], 1, req_id="a", remote_tokens=16)
+    e.drain()
+    e.add_request(list(range(100, 112)), 1, req_id="b")
+    e.drain()  # raises ContentViolation if a load brings a block no store wrote
+    return e
+
+
+@known_bug(
+    "sparse-retention-shorter-hit-reads-unstored-block",
+    raises=ContentViolation,
+    reason=(
+        "under the default checkpoint retention the store's reachability keeps only the "
+        "tail before a's replay boundary, so chunk 0 is stored without its null block 0; "
+        "b's CPU-tier hit ends at an earlier chunk boundary, whose window reads it "
+        f"(see {SHORTER_HIT_REPORT})"
+    ),
+)
+@known_bug(
+    "reachable-null-block-chunk-stored",
+    raises=ContentViolation,
+    reason=(
+        "no check keeps a chunk holding a null block out of the tier: chunk 0 is stored "
+        f"without block 0, and b's hit loads it (see {NULL_CHUNK_REPORT})"
+    ),
+)
+def test_a_shorter_hit_under_default_retention_loads_only_stored_blocks() -> None:
+    """b's hit ends at token 8 and its window reads a's sliding-window block 0, which
+    the other connector's load left null: the tier must not serve chunk 0 unless its
+    store wrote that block."""
+    _shorter_hit_after_an_external_load(retention=0)
+
+
+@known_bug(
+    "reachable-null-block-chunk-stored",
+    raises=ContentViolation,
+    reason=(
+        "no check keeps a chunk holding a null block out of the tier: chunk 0 is stored "
+        f"without block 0, and b's hit loads it (see {NULL_CHUNK_REPORT})"
+    ),
+)
+def test_a_shorter_hit_under_dense_retention_loads_only_stored_blocks() -> None:
+    """The same sequence with dense retention: every chunk boundary is a boundary a hit
+    may end at, so block 0 is reachable and chunk 0 must not be stored without it
+    (vLLM 0.33.0's reachable-null skip)."""
+    _shorter_hit_after_an_external_load(retention=None)

@@ -15,6 +15,7 @@ def test_the_timed_tests_are_each_trees_own_random_workloads(project_root: Path)
     tests = workloads_bench.workload_tests(project_root)
     assert tests == [
         "tests/fence/test_fence_stateful.py::test_random_workloads_keep_every_fence_invariant",
+        "tests/fence/test_fence_stateful.py::test_random_workloads_with_an_external_load_past_the_window",
         "tests/fence/test_fence_recurrent.py::test_random_recurrent_workloads_keep_every_fence_invariant",
     ]
 
