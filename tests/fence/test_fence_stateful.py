@@ -377,7 +377,9 @@ class RemoteWindowMachine(FenceMachine):
     blocks or more, a window of two or more, the second connector, no EAGLE drafter,
     a load longer than the window, then a shorter hit from the CPU tier) met about
     once in fifty programs, and the catalogue's sliding-window-no-reachable-null-skip
-    survived the random workloads. Here every program has the layout; prompts are
+    survived the random workloads. Here every program has the layout (a mixed layout's
+    two groups share one block size: see DESIGN.md, "A null block inside a stored
+    chunk", for the failure its other sizes met on unmutated 0.33.0); prompts are
     long enough for such a load; the tier holds four chunks or more; and ``reload``
     sends a finished request's prompt again, cut at one of its chunks, after a reset
     of the GPU prefix cache alone, so that its hit comes from the tier.
@@ -386,7 +388,7 @@ class RemoteWindowMachine(FenceMachine):
     @precondition(lambda self: self.engine is None)
     @rule(
         layout=st.sampled_from(["sliding", "mixed"]),
-        block_sizes=st.sampled_from(MIXED_BLOCK_SIZES),
+        block_sizes=st.just((BLOCK, BLOCK)),
         async_scheduling=st.sampled_from([True, True, False]),
         spare_blocks=st.sampled_from([0, 0, 0, 1, 2, 4, 8, 12, 12]),
         cpu_chunks=st.sampled_from([4, 6, 8, 12, 16, 24]),
