@@ -27,8 +27,11 @@ from audit.files import write_text
 
 REPORT = "hunt.md"
 # The state machines a round runs, in order, each with the round's seed: (class, file).
+# A release where a known bug stops every program of one leaves it out (the machines
+# that ran are in the result).
 MACHINES = (
     ("FenceMachine", "tests/fence/test_fence_stateful.py"),
+    ("RemoteWindowMachine", "tests/fence/test_fence_stateful.py"),
     ("RecurrentMachine", "tests/fence/test_fence_recurrent.py"),
 )
 DEFAULT_SECONDS = 600
@@ -81,6 +84,7 @@ class HuntResult:
     programs: int  # programs the machine ran (with a finding: shrinking included)
     finding: Finding | None = None
     interrupted: bool = False
+    machines: tuple[str, ...] = tuple(name for name, _ in MACHINES)  # those that ran
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -217,7 +221,7 @@ def render(result: HuntResult) -> str:
         f"- vLLM: {_text(result.vllm_version)}",
         f"- profile: `{PROFILE}`, {result.steps} steps per program, in rounds of "
         f"{result.round_examples} programs of each machine ("
-        + ", ".join(f"`{name}` of `{path}`" for name, path in MACHINES)
+        + ", ".join(f"`{name}` of `{path}`" for name, path in MACHINES if name in result.machines)
         + "); one Hypothesis run per machine and round, no example database",
         f"- time box: {result.seconds} s; ran {result.elapsed:.0f} s"
         + (" (shrinking included)" if finding else ""),

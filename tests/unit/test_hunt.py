@@ -102,6 +102,14 @@ def test_nothing_found_is_exit_0_and_says_how_much_ran() -> None:
     assert exit_code(_result(interrupted=True)) == ExitCode.INTERRUPTED
 
 
+def test_the_report_names_only_the_machines_that_ran() -> None:
+    every = render(_result())
+    assert "`RemoteWindowMachine` of `tests/fence/test_fence_stateful.py`" in every
+    fewer = render(_result(machines=("FenceMachine", "RecurrentMachine")))
+    assert "`FenceMachine` of `tests/fence/test_fence_stateful.py`, `RecurrentMachine`" in fewer
+    assert "RemoteWindowMachine" not in fewer
+
+
 def test_a_message_holding_backticks_cannot_close_its_fence() -> None:
     text = render(_result(_finding("a ``` inside, and ````` too")))
     assert "``````text\na ``` inside, and ````` too\n``````" in text
