@@ -114,6 +114,13 @@ REMOTE_SOURCE = not has_bug("multiconnector-allocation-unseen")
 # a request preempted by reset_prefix_cache(reset_running_requests=True) is readmitted
 # with a load in the same step: there preempt_all stays off, for the same reason.
 PREEMPT_ALL = not has_bug("reset-preempt-reload")
+# Whether a layout with a sliding-window group keeps dense retention. `nox -s hunt`
+# sets it on a release with sparse-retention-shorter-hit-reads-unstored-block, which its
+# FenceMachine programs met within two minutes under vLLM's default retention (0), so
+# that the hunt keeps looking for other failures. The ci programs leave it off: any
+# change to what a program does changes the programs a seed deals after it, and under
+# seed 0 they do not meet that bug.
+DENSE_SLIDING_WINDOW = False
 
 
 class FenceMachine(RuleBasedStateMachine):
@@ -178,6 +185,8 @@ class FenceMachine(RuleBasedStateMachine):
         if layout != "mixed":
             block_sizes = (BLOCK, BLOCK)  # one group, one size
         remote_source = remote_source and REMOTE_SOURCE
+        if layout != "full" and DENSE_SLIDING_WINDOW:
+            retention = None
         # the layouts where every computed chunk must be offered (StoreLiveness)
         if layout == "full" and not eagle and not remote_source:
             self.liveness = StoreLiveness(BLOCK * blocks_per_chunk)
