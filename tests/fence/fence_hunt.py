@@ -79,16 +79,13 @@ def hunt(
     """Rounds of the state machine until the time box is up or the machine raises."""
     # vLLM is imported here, after _hermetic: the offline HF home comes first.
     import test_fence_stateful
-    from fence_findings import has_bug
     from hypothesis import Phase, seed, settings
     from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
     from test_fence_recurrent import RecurrentMachine
     from test_fence_stateful import REMOTE_WINDOW, FenceMachine, RemoteWindowMachine
 
     # a known bug the ci programs do not meet, but the hunt's would (test_fence_stateful)
-    test_fence_stateful.DENSE_SLIDING_WINDOW = has_bug(
-        "sparse-retention-shorter-hit-reads-unstored-block"
-    )
+    test_fence_stateful.DENSE_SLIDING_WINDOW = test_fence_stateful.SPARSE_SHORTER_HIT
 
     classes: dict[str, type[RuleBasedStateMachine]] = {
         "FenceMachine": FenceMachine,

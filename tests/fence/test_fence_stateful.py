@@ -114,10 +114,13 @@ REMOTE_SOURCE = not has_bug("multiconnector-allocation-unseen")
 # a request preempted by reset_prefix_cache(reset_running_requests=True) is readmitted
 # with a load in the same step: there preempt_all stays off, for the same reason.
 PREEMPT_ALL = not has_bug("reset-preempt-reload")
+# A release with sparse-retention-shorter-hit-reads-unstored-block stores, under vLLM's
+# default checkpoint retention (0), a sliding-window chunk without a null block that a
+# shorter request's hit reads.
+SPARSE_SHORTER_HIT = has_bug("sparse-retention-shorter-hit-reads-unstored-block")
 # Whether a layout with a sliding-window group keeps dense retention. `nox -s hunt`
-# sets it on a release with sparse-retention-shorter-hit-reads-unstored-block, which its
-# FenceMachine programs met within two minutes under vLLM's default retention (0), so
-# that the hunt keeps looking for other failures. The ci programs leave it off: any
+# sets it to SPARSE_SHORTER_HIT: its FenceMachine programs met that bug within two
+# minutes, so that the hunt keeps looking for other failures. The ci programs leave it off: any
 # change to what a program does changes the programs a seed deals after it, and under
 # seed 0 they do not meet that bug.
 DENSE_SLIDING_WINDOW = False
@@ -368,9 +371,7 @@ def test_random_workloads_keep_every_fence_invariant() -> None:
 # machine runs on neither. On a release with sparse-retention-shorter-hit (vLLM's
 # default retention stores such a chunk) its programs keep dense retention.
 REMOTE_WINDOW = REMOTE_SOURCE and not has_bug("reachable-null-block-chunk-stored")
-REMOTE_WINDOW_RETENTION = (
-    [None] if has_bug("sparse-retention-shorter-hit-reads-unstored-block") else [0, None]
-)
+REMOTE_WINDOW_RETENTION = [None] if SPARSE_SHORTER_HIT else [0, None]
 
 
 class RemoteWindowMachine(FenceMachine):
@@ -410,39 +411,10 @@ class RemoteWindowMachine(FenceMachine):
         seed=st.integers(0, 2**16),
         enabled=st.lists(st.booleans(), min_size=len(ACTIONS), max_size=len(ACTIONS)),
     )
-    def start(  # type: ignore[override]
-        self,
-        layout: Any,
-        block_sizes: tuple[int, int],
-        async_scheduling: bool,
-        spare_blocks: int,
-        cpu_chunks: int,
-        ranks: str,
-        second_worker_lag: int,
-        blocks_per_chunk: int,
-        window_blocks: int,
-        retention: int | None,
-        delays: list[int | None],
-        seed: int,
-        enabled: list[bool],
-    ) -> None:
-        super().start(
-            layout=layout,
-            block_sizes=block_sizes,
-            async_scheduling=async_scheduling,
-            spare_blocks=spare_blocks,
-            cpu_chunks=cpu_chunks,
-            ranks=ranks,
-            second_worker_lag=second_worker_lag,
-            blocks_per_chunk=blocks_per_chunk,
-            window_blocks=window_blocks,
-            remote_source=True,
-            retention=retention,
-            eagle=False,
-            delays=delays,
-            seed=seed,
-            enabled=enabled,
-        )
+    def start(self, **drawn: Any) -> None:  # type: ignore[override]
+        """FenceMachine's start with the layout this machine fixes: the second
+        connector on, no EAGLE drafter."""
+        super().start(**drawn, remote_source=True, eagle=False)
 
     @precondition(FenceMachine._live)
     @rule(
@@ -451,14 +423,10 @@ class RemoteWindowMachine(FenceMachine):
         max_tokens=st.integers(1, MAX_TOKENS),
         remote_blocks=st.sampled_from([0, 3, 4, 5, 8]),
     )
-    def add_request(  # type: ignore[override]
-        self, prefix: tuple[int, ...], tail: int, max_tokens: int, remote_blocks: int
-    ) -> None:
+    def add_request(self, **drawn: Any) -> None:  # type: ignore[override]
         """A request with a shared prefix and a tail of four tokens or more; the second
         connector may load its first 3, 4, 5 or 8 blocks (as many as it has)."""
-        super().add_request(
-            prefix=prefix, tail=tail, max_tokens=max_tokens, remote_blocks=remote_blocks
-        )
+        super().add_request(**drawn)
 
     @precondition(
         lambda self: (

@@ -397,6 +397,10 @@ def test_the_same_hit_without_eagle_loads_only_stored_blocks() -> None:
 
 SHORTER_HIT_REPORT = "docs/vllm-bug-sparse-retention-shorter-hit-reads-unstored-block.md"
 NULL_CHUNK_REPORT = "docs/vllm-bug-reachable-null-block-chunk-stored.md"
+NULL_CHUNK_REASON = (
+    "no check keeps a chunk holding a null block out of the tier: chunk 0 is stored "
+    f"without block 0, and b's hit loads it (see {NULL_CHUNK_REPORT})"
+)
 
 
 def _shorter_hit_after_an_external_load(retention: int | None) -> FenceEngine:
@@ -438,10 +442,7 @@ def _shorter_hit_after_an_external_load(retention: int | None) -> FenceEngine:
 @known_bug(
     "reachable-null-block-chunk-stored",
     raises=ContentViolation,
-    reason=(
-        "no check keeps a chunk holding a null block out of the tier: chunk 0 is stored "
-        f"without block 0, and b's hit loads it (see {NULL_CHUNK_REPORT})"
-    ),
+    reason=NULL_CHUNK_REASON,
 )
 def test_a_shorter_hit_under_default_retention_loads_only_stored_blocks() -> None:
     """b's hit ends at token 8 and its window reads a's sliding-window block 0, which
@@ -453,10 +454,7 @@ def test_a_shorter_hit_under_default_retention_loads_only_stored_blocks() -> Non
 @known_bug(
     "reachable-null-block-chunk-stored",
     raises=ContentViolation,
-    reason=(
-        "no check keeps a chunk holding a null block out of the tier: chunk 0 is stored "
-        f"without block 0, and b's hit loads it (see {NULL_CHUNK_REPORT})"
-    ),
+    reason=NULL_CHUNK_REASON,
 )
 def test_a_shorter_hit_under_dense_retention_loads_only_stored_blocks() -> None:
     """The same sequence with dense retention: every chunk boundary is a boundary a hit
