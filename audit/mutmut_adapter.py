@@ -38,6 +38,7 @@ from audit.generation import Mutation
 from audit.hermetic import child_environment, prepare_hf_home
 from audit.model import Mutant, MutantResult, Target
 from audit.protocol import LineEdit, MutantStatus, is_project_test
+from audit.session import TEST_PROCESS_PLUGINS
 from audit.suite import Suite
 
 
@@ -331,7 +332,14 @@ def judge(
         installed_package=_package_root(target),
         tests_root=suite.root,
         test_paths=[p for p in suite.paths if not is_project_test(p)],
-        pytest_args=["-p", "no:cacheprovider", "-W", "ignore::pytest.PytestUnknownMarkWarning"],
+        # The same plugins as the audit's own test processes: both executors see one vLLM.
+        pytest_args=[
+            "-p",
+            "no:cacheprovider",
+            "-W",
+            "ignore::pytest.PytestUnknownMarkWarning",
+            *TEST_PROCESS_PLUGINS,
+        ],
     )
     chosen = [m for m in mutants if m.covered_by]
     names = {mutmut_name(target.module, m.function, m.ordinal): m for m in chosen}

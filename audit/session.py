@@ -83,6 +83,12 @@ def spawn(
     )
 
 
+# The plugins of every test process the audit starts, and of mutmut's in the benchmark:
+# vLLM 0.34.0's CPU platform refuses a host without Triton (testproc/stand_in.py); the
+# offline hub's answer on safetensors, without vLLM's 2 s retry (testproc/offline_hub.py).
+TEST_PROCESS_PLUGINS = ("-p", "audit.testproc.stand_in", "-p", "audit.testproc.offline_hub")
+
+
 def pytest_args(suite: Suite, work: Path) -> list[str]:
     """How the test processes (baseline and executor) invoke pytest on the suite."""
     ini = work / "pytest.ini"
@@ -99,8 +105,6 @@ def pytest_args(suite: Suite, work: Path) -> list[str]:
         "-W",
         "ignore::pytest.PytestUnknownMarkWarning",
         "-q",
-        # vLLM 0.34.0's CPU platform refuses a host without Triton (testproc/stand_in.py)
-        "-p",
-        "audit.testproc.stand_in",
+        *TEST_PROCESS_PLUGINS,
         *(arg for plugin in suite.plugins for arg in ("-p", plugin.stem)),
     ]

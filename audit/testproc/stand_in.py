@@ -20,14 +20,11 @@ imported, so a test process that never imports vLLM pays nothing.
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.machinery
-import sys
-from collections.abc import Sequence
 from types import ModuleType
-from typing import Any
 
 import pytest
+
+from audit.testproc.imports import when_imported
 
 MODULE = "vllm.platforms.cpu"
 REFUSAL = "requires Triton"  # in the message of the RuntimeError vLLM raises
@@ -41,40 +38,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def install() -> None:
     """Stand in for the check now if vLLM's CPU platform is imported, else once it is."""
-    module = sys.modules.get(MODULE)
-    if module is not None:
-        stand_in(module)
-    elif not any(isinstance(finder, _Watch) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _Watch())
-
-
-class _Watch(importlib.abc.MetaPathFinder):
-    """Finds vLLM's CPU platform module as the other finders do, and wraps its loading."""
-
-    def find_spec(
-        self, name: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if name != MODULE:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        loader: Any = spec.loader
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
-        execute = loader.exec_module
-
-        def exec_module(module: ModuleType) -> None:
-            execute(module)
-            stand_in(module)
-
-        loader.exec_module = exec_module  # this spec's own loader object
-        return spec
+    when_imported(MODULE, stand_in)
 
 
 def stand_in(module: ModuleType) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from audit.testproc import stand_in
+from audit.testproc import offline_hub, stand_in
 
 if os.environ.get("HF_HUB_OFFLINE") != "1":
     from audit.hermetic import child_environment, prepare_hf_home
@@ -26,9 +26,11 @@ if os.environ.get("HF_HUB_OFFLINE") != "1":
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-# vLLM 0.34.0 refuses an x86 CPU without Triton; nothing here runs a model (run by the
-# audit, its test process has this already)
+# vLLM 0.34.0 refuses an x86 CPU without Triton; nothing here runs a model. And the
+# offline hub's answer on safetensors, without vLLM's 2 s retry. (Run by the audit, its
+# test process has both already.)
 stand_in.install()
+offline_hub.install()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -182,10 +182,12 @@ def _hermetic(config: Config) -> None:
     """What the audit's test process gets (audit/hermetic.py), before vLLM is imported:
     an offline, private Hugging Face home, the CPU platform, no network. A pytest that
     runs the fence suite has it already (tests/fence/conftest.py). Either way, the
-    platform stand-in (audit/testproc/stand_in.py: vLLM 0.34.0's Triton check)."""
-    from audit.testproc.stand_in import install
+    platform stand-in (audit/testproc/stand_in.py: vLLM 0.34.0's Triton check) and the
+    offline hub's answer (audit/testproc/offline_hub.py)."""
+    from audit.testproc import offline_hub, stand_in
 
-    install()
+    stand_in.install()
+    offline_hub.install()
     if os.environ.get("HF_HUB_OFFLINE") == "1":
         return
     from audit.hermetic import child_environment, prepare_hf_home
