@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from audit import executor, mutmut_adapter, pipeline
+from audit.config import Config
 from audit.files import write_json
 from audit.hermetic import child_environment, prepare_hf_home
 from audit.jobs import ExecutorOptions
@@ -66,6 +67,14 @@ class Bench:
     # mutmut, which stops its run at the first hang, says timeout: the policy after a
     # hang differs, not the code run (DESIGN.md, "The process boundary")
     killed_after_hangs: tuple[str, ...] = ()
+    # of those, the mutants mutmut's own runner kills when it runs only the test that
+    # killed each in ours (so the hung tests that stopped its run do not run)
+    confirmed_by_mutmut: tuple[str, ...] = ()
+
+    @property
+    def disagreements_confirmed(self) -> bool:
+        """Every disagreement is one mutmut itself confirms (:attr:`confirmed_by_mutmut`)."""
+        return set(self.confirmed_by_mutmut) >= {i for i, _, _ in self.disagreements}
 
     def ratios(self) -> dict[str, float]:
         e2e = {
@@ -157,8 +166,19 @@ def run_bench(
         and ours[i].hung
         and theirs_status == MutantStatus.TIMEOUT.value
     )
+    by_id = {m.id: m for m in mutants}
+    confirmed = tuple(
+        i
+        for n, i in enumerate(killed_after_hangs, start=1)
+        if cold[i].status is ours[i].status
+        and (not e2e or e2e.get(i) == ours[i].status.value)
+        and mutmut_kills_alone(
+            stage, config, by_id[i], ours[i].killed_by, f"mutmut-confirm-{n}.log"
+        )
+    )
     return Bench(
         killed_after_hangs=killed_after_hangs,
+        confirmed_by_mutmut=confirmed,
         mutants=len(mutants),
         jobs=options.jobs,
         generation_s=round(generation_s, 3),
@@ -176,6 +196,19 @@ def run_bench(
         ours_e2e_s=round(e2e_s, 3),
         noop_s=round(noop_s, 3),
     )
+
+
+def mutmut_kills_alone(
+    stage: CoverageStage, config: Config, mutant: Mutant, test: str, log: str
+) -> bool:
+    """Whether mutmut's own runner kills ``mutant`` when it selects ``test`` alone (the
+    test that killed it in ours, after others hung): the disagreement is then the
+    policy after a hang, and mutmut confirms the kill itself."""
+    claim(config.reports_dir, f"logs/{log}")
+    verdicts = mutmut_adapter.judge(
+        config, stage.suite, stage.prepared.target, [mutant], 1, tests=(test,), log=log
+    )
+    return verdicts[mutant.id].status is MutantStatus.KILLED
 
 
 def mutate_command(args: argparse.Namespace) -> tuple[str, ...]:
@@ -240,6 +273,7 @@ def write_bench(bench: Bench, path: Path) -> dict[str, Any]:
     document = {
         "format": BENCH_FORMAT,
         **{k: v for k, v in dataclasses.asdict(bench).items() if k != "disagreements"},
+        "disagreements_confirmed": bench.disagreements_confirmed,
         "disagreements": [
             {"id": i, "ours": ours, "mutmut": theirs} for i, ours, theirs in bench.disagreements
         ],
@@ -271,11 +305,21 @@ def format_bench(bench: Bench) -> str:
             + "".join(
                 f"\n  {i}: ours {a}, mutmut {b}"
                 + (
-                    " (ours after hung tests: mutmut stops at a hang)"
+                    " (ours after hung tests: mutmut stops at a hang"
+                    + (
+                        "; mutmut kills it running our killing test alone)"
+                        if i in bench.confirmed_by_mutmut
+                        else ")"
+                    )
                     if i in bench.killed_after_hangs
                     else ""
                 )
                 for i, a, b in bench.disagreements
+            )
+            + (
+                "\n  every disagreement confirmed by mutmut itself"
+                if bench.disagreements and bench.disagreements_confirmed
+                else ""
             ),
             f"(not timed above: mutant generation {bench.generation_s:.1f} s, "
             f"baseline under coverage {bench.baseline_s:.1f} s)",

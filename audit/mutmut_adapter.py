@@ -317,9 +317,18 @@ with open(_init) as _file:
 
 
 def judge(
-    config: Config, suite: Suite, target: Target, mutants: Iterable[Mutant], jobs: int
+    config: Config,
+    suite: Suite,
+    target: Target,
+    mutants: Iterable[Mutant],
+    jobs: int,
+    *,
+    tests: Iterable[str] = (),
+    log: str = "mutmut.log",
 ) -> dict[str, MutantResult]:
     """The same mutants judged by mutmut's own runner, for cross-checking the fork engine.
+    ``tests``: the test ids mutmut selects (default: vLLM's paths of the suite); ``log``:
+    its log's name in the reports' logs folder.
 
     No cache and no killer names: mutmut records neither."""
     mutants = tuple(mutants)  # iterated twice
@@ -331,7 +340,7 @@ def judge(
         source=target.path.read_text(),
         installed_package=_package_root(target),
         tests_root=suite.root,
-        test_paths=[p for p in suite.paths if not is_project_test(p)],
+        test_paths=list(tests) or [p for p in suite.paths if not is_project_test(p)],
         # The same plugins as the audit's own test processes: both executors see one vLLM.
         pytest_args=[
             "-p",
@@ -350,7 +359,7 @@ def judge(
         sorted(names),
         jobs=jobs,
         env=child_environment(os.environ, hf_home),
-        log=config.reports_dir / "logs" / "mutmut.log",
+        log=config.reports_dir / "logs" / log,
     )
     elapsed = time.monotonic() - started
     verdicts = {m.id: MutantResult(m.id, MutantStatus.NO_TESTS) for m in mutants}

@@ -1,0 +1,66 @@
+"""The benchmark's account of disagreements with mutmut (audit/bench.py): each named,
+those after hung tests said so, and mutmut's own confirmation reported only when
+mutmut gave it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from audit.bench import Bench, format_bench
+
+AGREED = Bench(
+    mutants=3,
+    jobs=2,
+    generation_s=1.0,
+    baseline_s=10.0,
+    ours_s=20.0,
+    ours_cold_s=30.0,
+    mutmut_s=100.0,
+    floor_s=15.0,
+    vllm_import_s=6.0,
+    subprocess_s_per_mutant=11.0,
+    subprocess_sample=3,
+    statuses_agree=True,
+    disagreements=(),
+    ours_e2e_s=32.0,
+    noop_s=1.5,
+)
+HANGS = (("f:a@1", "killed", "timeout"), ("f:b@2", "killed", "timeout"))
+
+
+def test_no_disagreement_is_trivially_confirmed_and_says_nothing_more() -> None:
+    assert AGREED.disagreements_confirmed
+    text = format_bench(AGREED)
+    assert "statuses agree            True" in text
+    assert "confirmed" not in text
+
+
+def test_a_disagreement_mutmut_did_not_confirm_leaves_them_unconfirmed() -> None:
+    bench = dataclasses.replace(
+        AGREED,
+        statuses_agree=False,
+        disagreements=HANGS,
+        killed_after_hangs=("f:a@1", "f:b@2"),
+        confirmed_by_mutmut=("f:a@1",),
+    )
+    assert not bench.disagreements_confirmed
+    lines = format_bench(bench).splitlines()
+    first = next(line for line in lines if "f:a@1" in line)
+    second = next(line for line in lines if "f:b@2" in line)
+    assert first.endswith("mutmut kills it running our killing test alone)")
+    assert second.endswith("(ours after hung tests: mutmut stops at a hang)")
+    assert not any("every disagreement confirmed" in line for line in lines)
+
+
+def test_every_disagreement_confirmed_is_said_once() -> None:
+    bench = dataclasses.replace(
+        AGREED,
+        statuses_agree=False,
+        disagreements=HANGS,
+        killed_after_hangs=("f:a@1", "f:b@2"),
+        confirmed_by_mutmut=("f:a@1", "f:b@2"),
+    )
+    assert bench.disagreements_confirmed
+    text = format_bench(bench)
+    assert "statuses agree            False" in text
+    assert text.count("every disagreement confirmed by mutmut itself") == 1
