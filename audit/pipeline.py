@@ -42,6 +42,7 @@ from audit.baseline import cached_baseline, start_baseline
 from audit.baseline_cache import BaselineCache, baseline_inputs
 from audit.catalogue import Entry
 from audit.config import Config, GateThresholds, SuitePath
+from audit.coverage_map import HtmlInBackground
 from audit.environment import Fingerprint
 from audit.equivalents import Equivalent, apply_equivalents, listed_records, load_equivalents
 from audit.errors import ConfigError, RunInterrupted
@@ -99,13 +100,19 @@ class CoverageStage:
     regions: tuple[RegionCoverage, ...]
     after: Fingerprint
     warm: WarmSession | None  # the baseline's process, kept for the mutants; close it
+    # the coverage HTML, rendered while the mutants are judged; in place once closed
+    html: HtmlInBackground | None = None
     reused: bool = False  # read from the baseline cache: no test process ran
     why: tuple[str, ...] = ()  # the inputs that changed since the last run kept, if it ran
     rerun: tuple[str, ...] = ()  # the test files it ran when only they changed (the rest kept)
 
     def close(self) -> None:
-        if self.warm is not None:
-            self.warm.close()
+        try:
+            if self.warm is not None:
+                self.warm.close()
+        finally:
+            if self.html is not None:
+                self.html.finish()
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,7 +268,12 @@ def coverage(
         after = environment.verify_untouched(prepared.vllm, config.target)
         cmap = coverage_map.build_coverage_map(run, prepared.vllm.version)
         regions = coverage_map.region_coverage(run, prepared.regions)
-        coverage_map.write_html(run, config.reports_dir / "coverage", cache.html_dir(inputs))
+        html = None
+        directory, kept = config.reports_dir / "coverage", cache.html_dir(inputs)
+        if warm is not None and not kept.is_dir():  # mutants follow: render meanwhile
+            html = coverage_map.HtmlInBackground(run, directory, kept, work)
+        else:
+            coverage_map.write_html(run, directory, kept)
         coverage_map.write_coverage_map(cmap, config.reports_dir / "coverage-map.json")
         coverage_map.write_regions(regions, run, config.reports_dir / "regions.json")
     except BaseException:
@@ -279,6 +291,7 @@ def coverage(
         reused=cached is not None,
         why=why,
         rerun=rerun.files if rerun is not None else (),
+        html=html,
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -98,6 +99,41 @@ def test_reports_are_written_with_contexts(toy) -> None:  # type: ignore[no-unty
         "tests/test_fence.py::test_register_skips_null_block"
     }
     del regions
+
+
+def test_html_rendered_in_the_background_is_put_in_place_at_finish(toy) -> None:  # type: ignore[no-untyped-def]
+    """The same pages as the direct write, in the reports only once finished (the
+    reports folder is the caller's thread's alone), and kept in the cache."""
+    baseline, config = run(toy, "tests/test_fence.py")
+    direct, background = config.reports_dir / "direct", config.reports_dir / "coverage"
+    coverage_map.write_html(baseline, direct)
+    work = config.reports_dir / ".work"
+    kept = config.reports_dir / "kept" / "html"
+    kept.parent.mkdir()
+    html = coverage_map.HtmlInBackground(baseline, background, kept, work)
+    html.thread.join()
+    assert not background.exists()  # rendered, not yet in place
+    html.finish()
+    html.finish()  # once: a second close changes nothing
+
+    def pages(folder: Path) -> str:  # without coverage.py's "created at" minute
+        text = "".join(p.read_text() for p in sorted(folder.glob("*fence_py.html")))
+        return re.sub(r"created at [^<]*", "", text)
+
+    assert "test_register_then_remove_drains" in pages(background)
+    assert pages(background) == pages(direct) == pages(kept)
+    assert not (work / "coverage-html").exists()
+
+
+def test_html_that_fails_in_the_background_fails_the_run_at_finish(toy) -> None:  # type: ignore[no-untyped-def]
+    baseline, config = run(toy, "tests/test_fence.py")
+    missing = dataclasses.replace(baseline, data_file=config.reports_dir / "no.coverage")
+    html = coverage_map.HtmlInBackground(
+        missing, config.reports_dir / "coverage", None, config.reports_dir / ".work"
+    )
+    with pytest.raises(coverage.exceptions.NoDataError):
+        html.finish()
+    assert not (config.reports_dir / "coverage").exists()
 
 
 def test_the_target_s_own_import_is_measured(toy) -> None:  # type: ignore[no-untyped-def]
