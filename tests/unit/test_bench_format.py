@@ -28,6 +28,17 @@ AGREED = Bench(
 HANGS = (("f:a@1", "killed", "timeout"), ("f:b@2", "killed", "timeout"))
 
 
+def after_hangs(*confirmed: str) -> Bench:
+    """Two disagreements after hung tests, of which mutmut confirmed ``confirmed``."""
+    return dataclasses.replace(
+        AGREED,
+        statuses_agree=False,
+        disagreements=HANGS,
+        killed_after_hangs=("f:a@1", "f:b@2"),
+        confirmed_by_mutmut=confirmed,
+    )
+
+
 def test_no_disagreement_is_trivially_confirmed_and_says_nothing_more() -> None:
     assert AGREED.disagreements_confirmed
     text = format_bench(AGREED)
@@ -36,13 +47,7 @@ def test_no_disagreement_is_trivially_confirmed_and_says_nothing_more() -> None:
 
 
 def test_a_disagreement_mutmut_did_not_confirm_leaves_them_unconfirmed() -> None:
-    bench = dataclasses.replace(
-        AGREED,
-        statuses_agree=False,
-        disagreements=HANGS,
-        killed_after_hangs=("f:a@1", "f:b@2"),
-        confirmed_by_mutmut=("f:a@1",),
-    )
+    bench = after_hangs("f:a@1")
     assert not bench.disagreements_confirmed
     lines = format_bench(bench).splitlines()
     first = next(line for line in lines if "f:a@1" in line)
@@ -53,13 +58,7 @@ def test_a_disagreement_mutmut_did_not_confirm_leaves_them_unconfirmed() -> None
 
 
 def test_every_disagreement_confirmed_is_said_once() -> None:
-    bench = dataclasses.replace(
-        AGREED,
-        statuses_agree=False,
-        disagreements=HANGS,
-        killed_after_hangs=("f:a@1", "f:b@2"),
-        confirmed_by_mutmut=("f:a@1", "f:b@2"),
-    )
+    bench = after_hangs("f:a@1", "f:b@2")
     assert bench.disagreements_confirmed
     text = format_bench(bench)
     assert "statuses agree            False" in text
