@@ -61,7 +61,10 @@ class Bench:
     statuses_agree: bool
     disagreements: tuple[tuple[str, str, str], ...]  # (mutant id, ours, mutmut)
     scope: str = "regions"
-    ours_e2e_s: float = 0.0  # `fence-audit mutate` from cold caches, in a new process
+    # `fence-audit mutate` from cold caches, in a new process: the mean of its runs
+    ours_e2e_s: float = 0.0
+    # each run's seconds: one before mutmut's run, one after it (the machine drifts)
+    ours_e2e_runs_s: tuple[float, ...] = ()
     noop_s: float = 0.0  # the same command again, nothing changed
     # disagreements where ours killed the mutant after some of its tests hung and
     # mutmut, which stops its run at the first hang, says timeout: the policy after a
@@ -140,6 +143,10 @@ def run_bench(
     # In a new process: import, collection and warm-up included.
     cold, ours_cold_s = judge(None)
 
+    # The cold end-to-end command runs on both sides of mutmut's run, and the figure is
+    # their mean: this machine drifts by tens of percent within minutes, and a ratio of
+    # two runs minutes apart would carry the drift.
+    first = end_to_end(stage, command, work / "e2e", again=False) if command else None
     started = time.monotonic()
     theirs = mutmut_adapter.judge(config, stage.suite, prepared.target, mutants, options.jobs)
     mutmut_s = time.monotonic() - started
@@ -151,13 +158,16 @@ def run_bench(
     picked = mutants[:: max(1, len(mutants) // max(sample, 1))][:sample]
     per_mutant = [_fresh_process_seconds(stage, config.cache_dir, m, source) for m in picked]
 
-    e2e_s, noop_s, e2e = end_to_end(stage, command, work / "e2e") if command else (0.0, 0.0, {})
+    second = end_to_end(stage, command, work / "e2e") if command else None
+    e2e_runs = tuple(run[0] for run in (first, second) if run is not None)
+    noop_s = second[1] if second is not None else 0.0
+    e2e_statuses = [run[2] for run in (first, second) if run is not None]
     disagreements = tuple(
         (m.id, ours[m.id].status.value, theirs[m.id].status.value)
         for m in mutants
         if ours[m.id].status is not theirs[m.id].status
         or cold[m.id].status is not ours[m.id].status
-        or (e2e and e2e.get(m.id) != ours[m.id].status.value)
+        or any(e2e.get(m.id) != ours[m.id].status.value for e2e in e2e_statuses)
     )
     killed_after_hangs = tuple(
         i
@@ -171,7 +181,7 @@ def run_bench(
         i
         for n, i in enumerate(killed_after_hangs, start=1)
         if cold[i].status is ours[i].status
-        and (not e2e or e2e.get(i) == ours[i].status.value)
+        and all(e2e.get(i) == ours[i].status.value for e2e in e2e_statuses)
         and mutmut_kills_alone(
             stage, config, by_id[i], ours[i].killed_by, f"mutmut-confirm-{n}.log"
         )
@@ -193,7 +203,8 @@ def run_bench(
         statuses_agree=not disagreements,
         disagreements=disagreements,
         scope=prepared.scope,
-        ours_e2e_s=round(e2e_s, 3),
+        ours_e2e_s=round(sum(e2e_runs) / len(e2e_runs), 3) if e2e_runs else 0.0,
+        ours_e2e_runs_s=tuple(round(s, 3) for s in e2e_runs),
         noop_s=round(noop_s, 3),
     )
 
@@ -225,11 +236,11 @@ def mutate_command(args: argparse.Namespace) -> tuple[str, ...]:
 
 
 def end_to_end(
-    stage: CoverageStage, command: tuple[str, ...], work: Path
+    stage: CoverageStage, command: tuple[str, ...], work: Path, *, again: bool = True
 ) -> tuple[float, float, dict[str, str]]:
     """`fence-audit mutate COMMAND` in a new process from a cache holding only vLLM's
-    tests and vLLM's own home, timed; then again, nothing changed. Returns both wall
-    times and the first run's status of each mutant.
+    tests and vLLM's own home, timed; then (``again``) once more, nothing changed.
+    Returns both wall times (0 for a run not made) and each mutant's status.
 
     vLLM's home (``vllm-home``: where vLLM keeps what it learnt by inspecting a model
     class in a subprocess, 10-15 s the first time on this machine) is copied as it is:
@@ -254,11 +265,11 @@ def end_to_end(
     ]  # fmt: skip
     if Path(prepared.config.source).is_file():  # the configuration this run read
         argv += ["--config", prepared.config.source]
-    times = []
-    for _ in range(2):
+    times = [0.0, 0.0]
+    for run in range(2 if again else 1):
         started = time.monotonic()
         done = subprocess.run(argv, capture_output=True, text=True, check=False)
-        times.append(time.monotonic() - started)
+        times[run] = time.monotonic() - started
         if done.returncode not in (0, 2):  # 2: the gate failed, the audit ran
             tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
             raise RuntimeError(f"the end-to-end run exited {done.returncode}: {tail}")
@@ -328,7 +339,9 @@ def format_bench(bench: Bench) -> str:
                     f"end to end, cold caches   {bench.ours_e2e_s:8.1f} s   "
                     f"mutmut / that = {ratios['mutmut_over_ours_e2e']}   "
                     "(`fence-audit mutate` in a new process: generation, baseline, mutants, "
-                    "reports)",
+                    "reports; the mean of "
+                    + " s before mutmut's run and ".join(f"{s:.1f}" for s in bench.ours_e2e_runs_s)
+                    + " s after)",
                     f"again, nothing changed    {bench.noop_s:8.1f} s   "
                     f"that / end to end = {ratios['noop_over_ours_e2e']}",
                 ]

@@ -23,6 +23,7 @@ AGREED = Bench(
     statuses_agree=True,
     disagreements=(),
     ours_e2e_s=32.0,
+    ours_e2e_runs_s=(31.0, 33.0),
     noop_s=1.5,
 )
 HANGS = (("f:a@1", "killed", "timeout"), ("f:b@2", "killed", "timeout"))
@@ -44,6 +45,8 @@ def test_no_disagreement_is_trivially_confirmed_and_says_nothing_more() -> None:
     text = format_bench(AGREED)
     assert "statuses agree            True" in text
     assert "confirmed" not in text
+    assert "the mean of 31.0 s before mutmut's run and 33.0 s after" in text
+    assert "mutmut / that = 3.12" in text  # 100 / 32
 
 
 def test_a_disagreement_mutmut_did_not_confirm_leaves_them_unconfirmed() -> None:
