@@ -70,8 +70,9 @@ class Bench:
     # mutmut, which stops its run at the first hang, says timeout: the policy after a
     # hang differs, not the code run (DESIGN.md, "The process boundary")
     killed_after_hangs: tuple[str, ...] = ()
-    # of those, the mutants mutmut's own runner kills when it runs only the test that
-    # killed each in ours (so the hung tests that stopped its run do not run)
+    # of the disagreements where ours killed the mutant and mutmut did not (after hung
+    # tests or not: ours may run its killer first, mutmut a test that hangs first),
+    # those mutmut's own runner kills when it runs only the test that killed it in ours
     confirmed_by_mutmut: tuple[str, ...] = ()
 
     @property
@@ -177,9 +178,14 @@ def run_bench(
         and theirs_status == MutantStatus.TIMEOUT.value
     )
     by_id = {m.id: m for m in mutants}
+    killed_by_ours_alone = [
+        i
+        for i, mine, theirs_status in disagreements
+        if mine == MutantStatus.KILLED.value and theirs_status != MutantStatus.KILLED.value
+    ]
     confirmed = tuple(
         i
-        for n, i in enumerate(killed_after_hangs, start=1)
+        for n, i in enumerate(killed_by_ours_alone, start=1)
         if cold[i].status is ours[i].status
         and all(e2e.get(i) == ours[i].status.value for e2e in e2e_statuses)
         and mutmut_kills_alone(
@@ -314,18 +320,7 @@ def format_bench(bench: Bench) -> str:
             f"{ratios['subprocess_over_ours']}",
             f"statuses agree            {bench.statuses_agree}"
             + "".join(
-                f"\n  {i}: ours {a}, mutmut {b}"
-                + (
-                    " (ours after hung tests: mutmut stops at a hang"
-                    + (
-                        "; mutmut kills it running our killing test alone)"
-                        if i in bench.confirmed_by_mutmut
-                        else ")"
-                    )
-                    if i in bench.killed_after_hangs
-                    else ""
-                )
-                for i, a, b in bench.disagreements
+                f"\n  {i}: ours {a}, mutmut {b}" + _why(bench, i) for i, a, b in bench.disagreements
             )
             + (
                 "\n  every disagreement confirmed by mutmut itself"
@@ -350,6 +345,16 @@ def format_bench(bench: Bench) -> str:
             ),
         ]
     )
+
+
+def _why(bench: Bench, mutant_id: str) -> str:
+    """What the bench learnt of one disagreement, for its line."""
+    said = []
+    if mutant_id in bench.killed_after_hangs:
+        said.append("ours after hung tests: mutmut stops at a hang")
+    if mutant_id in bench.confirmed_by_mutmut:
+        said.append("mutmut kills it running our killing test alone")
+    return f" ({'; '.join(said)})" if said else ""
 
 
 def _needed_seconds(mutant: Mutant, verdict: MutantResult, durations: Mapping[str, float]) -> float:

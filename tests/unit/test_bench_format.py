@@ -66,3 +66,20 @@ def test_every_disagreement_confirmed_is_said_once() -> None:
     text = format_bench(bench)
     assert "statuses agree            False" in text
     assert text.count("every disagreement confirmed by mutmut itself") == 1
+
+
+def test_a_kill_without_hangs_that_mutmut_confirms_is_said_so() -> None:
+    """Ours ran the killer first; mutmut ran a test that hangs first: no hung test in
+    ours, and mutmut's own runner kills it with our killer alone."""
+    bench = dataclasses.replace(
+        AGREED,
+        statuses_agree=False,
+        disagreements=(("f:c@3", "killed", "timeout"),),
+        confirmed_by_mutmut=("f:c@3",),
+    )
+    lines = format_bench(bench).splitlines()
+    line = next(line for line in lines if "f:c@3" in line)
+    assert line.endswith(
+        "ours killed, mutmut timeout (mutmut kills it running our killing test alone)"
+    )
+    assert "  every disagreement confirmed by mutmut itself" in lines
