@@ -219,8 +219,8 @@ def mutmut_kills_alone(
     stage: CoverageStage, config: Config, mutant: Mutant, test: str, log: str
 ) -> bool:
     """Whether mutmut's own runner kills ``mutant`` when it selects ``test`` alone (the
-    test that killed it in ours, after others hung): the disagreement is then the
-    policy after a hang, and mutmut confirms the kill itself."""
+    test that killed it in ours): mutmut then confirms the kill itself, and the
+    disagreement lies in which tests ran before it (a hang stops mutmut's run)."""
     claim(config.reports_dir, f"logs/{log}")
     verdicts = mutmut_adapter.judge(
         config, stage.suite, stage.prepared.target, [mutant], 1, tests=(test,), log=log

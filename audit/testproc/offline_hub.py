@@ -50,11 +50,9 @@ def install() -> None:
 def answer_offline(module: ModuleType) -> None:
     """Wrap ``module.HfApi.get_safetensors_metadata`` (once)."""
     api = getattr(module, "HfApi", None)
-    original = vars(api).get(METHOD) if api is not None else None
-    if not callable(original) or getattr(original, _MARK, False):
-        return
-    assert api is not None
-    setattr(api, METHOD, _offline_answer(original))
+    original = vars(api).get(METHOD) if isinstance(api, type) else None
+    if callable(original) and not getattr(original, _MARK, False):
+        setattr(api, METHOD, _offline_answer(original))
 
 
 def _offline_answer(original: Callable[..., Any]) -> Callable[..., Any]:
