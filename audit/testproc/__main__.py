@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from audit.protocol import BaselineSpec, MutationSpec, PlainRunSpec, read_spec
-from audit.testproc import baseline, isolation, loop
+from audit.testproc import baseline, isolation, loop, signatures
 
 
 def main(argv: list[str]) -> int:
@@ -16,10 +16,12 @@ def main(argv: list[str]) -> int:
     if spec.overlay:
         isolation.install_overlay({name: Path(file) for name, file in spec.overlay.items()})
     isolation.block_network()
+    if isinstance(spec, PlainRunSpec):  # one run, no fork
+        return baseline.run_plain(spec)
+    # A warm process: what its tests parse here, its forks find parsed.
+    signatures.install()
     if isinstance(spec, BaselineSpec):
         return baseline.run(spec)
-    if isinstance(spec, PlainRunSpec):
-        return baseline.run_plain(spec)
     assert isinstance(spec, MutationSpec)
     return loop.run(spec)
 
