@@ -12,11 +12,21 @@ unregistered and its report handler is attached around each whole test instead: 
 same handler class and formatter, on the same loggers, scanned once per test. The
 captured text is dropped after each test; a verdict keeps the traceback only.
 Otherwise pytest's plugin runs as it always does.
+
+The scan itself is costly in a fork: it takes a reference to each of the ~950 logger
+objects, each on a page shared with the warm parent, so about 830 pages are copied on
+write (3-4 ms), in every fork, for its first test. So the warm process scans once
+before its first fork (:func:`settle`), and the first capture in each fork attaches to
+what that scan found: the fork starts in the state the parent scanned, no test has run
+in it yet, and a logger added since would show in the count of loggers (then the fork
+scans). Each further test in a fork scans as before: a test may have made a logger
+non-propagating.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 
@@ -25,6 +35,10 @@ from _pytest.logging import LoggingPlugin, _LiveLoggingNullHandler, catching_log
 
 Capture = Callable[[], AbstractContextManager[object]]
 PLUGIN = "logging-plugin"  # the name pytest registers its LoggingPlugin under
+
+# The warm process's scan (settle): how many loggers there were, and those a capture
+# attaches to. The first capture after it takes it; empty once taken, or before.
+_SETTLED: list[tuple[int, tuple[logging.Logger, ...]]] = []
 
 
 def per_test_capture(items: Iterable[pytest.Item]) -> Capture:
@@ -42,13 +56,48 @@ def per_test_capture(items: Iterable[pytest.Item]) -> Capture:
 
     @contextlib.contextmanager
     def capture() -> Iterator[object]:
-        with catching_logs(handler):
+        loggers = _take_settled()
+        with catching_logs(handler) if loggers is None else _attached(handler, loggers):
             try:
                 yield handler
             finally:
                 handler.reset()
 
     return capture
+
+
+def settle() -> None:
+    """Scan the loggers now, in the warm process, for the first capture in each fork."""
+    root = logging.getLogger()
+    loggers = root.manager.loggerDict
+    silent = (
+        logger
+        for logger in loggers.values()
+        if isinstance(logger, logging.Logger) and not logger.propagate and logger is not root
+    )
+    _SETTLED[:] = [(len(loggers), (root, *silent))]
+
+
+def _take_settled() -> tuple[logging.Logger, ...] | None:
+    """The settled loggers, for the first capture after :func:`settle` (None after it,
+    or when a logger was added since)."""
+    if not _SETTLED:
+        return None
+    count, loggers = _SETTLED.pop()
+    return loggers if count == len(logging.getLogger().manager.loggerDict) else None
+
+
+@contextlib.contextmanager
+def _attached(handler: logging.Handler, loggers: tuple[logging.Logger, ...]) -> Iterator[None]:
+    """``handler`` on ``loggers`` while the block runs, as pytest's catching_logs
+    attaches it (no level set) to the loggers its scan finds."""
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
 
 
 def replaceable(plugin: LoggingPlugin, items: list[pytest.Item]) -> bool:

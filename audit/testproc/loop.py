@@ -25,7 +25,7 @@ from audit.protocol import (
     Warmed,
     load_verdict,
 )
-from audit.testproc import hugepages
+from audit.testproc import hugepages, logs
 from audit.testproc.channel import emit, os_threads
 from audit.testproc.pool import ForkPool
 
@@ -62,6 +62,7 @@ class MutantLoop:
                 megabytes, seconds = collapse_memory()
                 warmed = dataclasses.replace(warmed, huge_mb=megabytes, huge_s=seconds)
         settle_fork_hooks()
+        logs.settle()
         emit(warmed)
         pool = ForkPool(self.spec, items)
         # Prove that a mutant really switches on before trusting any survivor.
