@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from audit.protocol import BaselineSpec, MutationSpec, PlainRunSpec, read_spec
-from audit.testproc import baseline, isolation, loop, signatures
+from audit.testproc import baseline, heap, isolation, loop, signatures
 
 
 def main(argv: list[str]) -> int:
@@ -18,7 +18,9 @@ def main(argv: list[str]) -> int:
     isolation.block_network()
     if isinstance(spec, PlainRunSpec):  # one run, no fork
         return baseline.run_plain(spec)
-    # A warm process: what its tests parse here, its forks find parsed.
+    # A warm process: its heap frozen as it is built, up to its run loop; what its
+    # tests parse here, its forks find parsed.
+    heap.freeze_while_building()
     signatures.install()
     if isinstance(spec, BaselineSpec):
         return baseline.run(spec)

@@ -35,7 +35,7 @@ from audit.protocol import (
     read_spec,
     to_json,
 )
-from audit.testproc import isolation, loop
+from audit.testproc import heap, isolation, loop
 from audit.testproc.channel import emit, read_command
 from audit.testproc.recorder import Recorder, Select
 
@@ -61,6 +61,7 @@ class Serve:
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
         self.measuring.remove()  # started by now, even if no test module imported the target
+        heap.stop_freezing()  # the tests' objects are collected as CPython does
         parts: list[Part] = []
         if not self.recorder.collection_errors:
             items, left = list(session.items), []

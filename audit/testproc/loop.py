@@ -25,7 +25,7 @@ from audit.protocol import (
     Warmed,
     load_verdict,
 )
-from audit.testproc import hugepages, logs
+from audit.testproc import heap, hugepages, logs
 from audit.testproc.channel import emit, os_threads
 from audit.testproc.pool import ForkPool
 
@@ -44,6 +44,7 @@ class MutantLoop:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
+        heap.stop_freezing()  # the warm-up's objects are collected as CPython does
         self.judge_all(session)
         return True
 
