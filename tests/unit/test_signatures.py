@@ -84,7 +84,7 @@ def test_sys_modules_is_copied_on_the_first_parse_only(installed: Callable[..., 
     assert copies_of_sys_modules(lambda: inspect.signature(Plain().__init__)) == 0
 
 
-def test_without_the_wrap_every_parse_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_the_wrap_every_parse_copies() -> None:
     """What the wrap saves: inspect itself copies sys.modules on every parse."""
     assert copies_of_sys_modules(lambda: inspect.signature(Plain)) == 1
     assert copies_of_sys_modules(lambda: inspect.signature(Plain)) == 1
