@@ -9,8 +9,7 @@ import signal
 import sys
 import threading
 import traceback
-from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
@@ -30,7 +29,7 @@ from audit.errors import AuditError, ConfigError, ExitCode
 from audit.gate import GateResult
 from audit.inputs import check_cache_dir
 from audit.jobs import ExecutorOptions
-from audit.model import percent_text
+from audit.model import Mutant, MutantResult, percent_text
 from audit.regions import resolve_regions
 from audit.report_model import AuditResults, load_results
 from audit.reports import Written
@@ -478,17 +477,29 @@ def print_gate(outcome: GateResult) -> ExitCode:
     return outcome.exit_code
 
 
+def judged_counts(
+    mutants: Iterable[Mutant], verdicts: Mapping[str, MutantResult]
+) -> tuple[int, int, int]:
+    """(judged in this run, verdicts from the cache, reached by no test) of ``mutants``.
+
+    Judging is for the mutants some test reaches; one that no test reaches may still
+    have a verdict other than no-tests (a reviewed equivalent of dead code), but no
+    test ran for it, in this run or any other."""
+    reached = [verdicts[m.id] for m in mutants if m.covered_by]
+    cached = sum(v.cached for v in reached)
+    return len(reached) - cached, cached, sum(not m.covered_by for m in mutants)
+
+
 def report_mutation(stage: pipeline.MutationStage) -> None:
     reports = stage.coverage.prepared.config.reports_dir
-    run = [v for v in stage.verdicts.values() if v.status != "no_tests"]
-    counts = Counter(v.cached for v in run)
+    judged, from_cache, unreached = judged_counts(stage.mutants, stage.verdicts)
     kind = "in-region" if stage.coverage.prepared.changed is None else "changed-code"
     print(
         f"fence-audit: {len(stage.mutant_set.mutants)} {kind} mutmut mutants and "
         f"{len(stage.catalogue.mutants)} catalogue entries "
         f"({len(stage.mutant_set.out_of_region)} mutmut mutants outside every region, not run; "
-        f"{len(stage.verdicts) - len(run)} reached by no test); judged {counts[False]}, "
-        f"from cache {counts[True]}, in {stage.duration_s:.1f}s"
+        f"{unreached} reached by no test); judged {judged}, "
+        f"from cache {from_cache}, in {stage.duration_s:.1f}s"
     )
     if stage.shard is not None:
         plan = stage.shard

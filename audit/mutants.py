@@ -19,7 +19,7 @@ from coverage.parser import PythonParser
 
 from audit import generation
 from audit.model import Mutant
-from audit.protocol import apply_edits
+from audit.protocol import edited_lines
 from audit.regions import Region
 
 
@@ -83,7 +83,7 @@ def build_mutants(
         if len(owners) != 1 or "" in owners:
             outside.append(OutOfRegion(identifier, mutation.function, mutation.line))
             continue
-        mutated = apply_edits(source, mutation.edits)
+        mutated = edited_lines(original, mutation.edits)
         covered = tests_of(mutation.changed_lines)
         mutants.append(
             Mutant(
@@ -95,7 +95,7 @@ def build_mutants(
                 ordinal=mutation.ordinal,
                 line=mutation.line,
                 changed_lines=mutation.changed_lines,
-                diff=unified_diff(original, mutated.splitlines(keepends=True), filename),
+                diff=unified_diff(original, mutated, filename),
                 edits=mutation.edits,
                 covered_by=tuple(covered),
             )

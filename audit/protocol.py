@@ -93,10 +93,18 @@ class LineEdit:
 
 def apply_edits(source: str, edits: tuple[LineEdit, ...]) -> str:
     """``source`` with ``edits`` applied; line numbers refer to the original."""
-    lines = source.splitlines(keepends=True)
+    return "".join(edited_lines(source.splitlines(keepends=True), edits))
+
+
+def edited_lines(lines: list[str], edits: tuple[LineEdit, ...]) -> list[str]:
+    """``lines`` (a text's, ends kept) with ``edits`` applied, as a new list: the lines
+    no edit touches are the same objects as in ``lines``, and the new ones are split
+    as ``str.splitlines`` splits them (an edit's line holding a line break is two)."""
+    lines = list(lines)
     for edit in sorted(edits, key=lambda e: e.start, reverse=True):
-        lines[edit.start - 1 : edit.end] = [text + "\n" for text in edit.new_lines]
-    return "".join(lines)
+        new = "".join(text + "\n" for text in edit.new_lines)
+        lines[edit.start - 1 : edit.end] = new.splitlines(keepends=True)
+    return lines
 
 
 # --- specs: what a test process is asked to do ---------------------------------------

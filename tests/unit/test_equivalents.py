@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from audit.cli import judged_counts
 from audit.equivalents import Equivalent, Site, apply_equivalents, load_equivalents
 from audit.errors import ConfigError
 from audit.model import Mutant, MutantResult
@@ -129,3 +131,18 @@ def test_the_also_sites_load_and_reject_unknown_keys(tmp_path: Path) -> None:
     path.write_text(record + site + 'reason = "r"\n')
     with pytest.raises(ConfigError, match="unknown key"):
         load_equivalents(path)
+
+
+def test_an_equivalent_no_test_reaches_is_not_counted_as_judged() -> None:
+    """A reviewed equivalent of dead code has a verdict, but no test ran for it: the
+    run's line counts it among the mutants no test reaches, never as judged."""
+    mutants = [mutant("a"), mutant("b"), replace(mutant("dead"), covered_by=())]
+    verdicts = {
+        "a": MutantResult("a", MutantStatus.KILLED, killed_by="t"),
+        "b": MutantResult("b", MutantStatus.SURVIVED, cached=True),
+        "dead": MutantResult("dead", MutantStatus.NO_TESTS),
+    }
+    equivalent = Equivalent("dead", "h1", "dead code: no test can reach it", "today")
+    updated, _ = apply_equivalents(mutants, verdicts, {"F.f": "h1"}, [equivalent])
+    assert updated["dead"].status is MutantStatus.EQUIVALENT
+    assert judged_counts(mutants, updated) == (1, 1, 1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import textwrap
 import types
 
@@ -10,7 +11,7 @@ import pytest
 from audit import generation, mutmut_adapter
 from audit.config import RegionSpec, Selection, StatementSelector
 from audit.mutants import TestsOfLines, build_mutants, function_hashes, mutant_id
-from audit.protocol import apply_edits
+from audit.protocol import LineEdit, apply_edits, edited_lines
 from audit.regions import resolve_regions
 from audit.testproc import codeswap
 
@@ -87,6 +88,33 @@ def test_in_region_mutants_carry_their_region_and_covering_tests() -> None:
         assert mutant.diff.startswith("--- a/fence.py\n+++ b/fence.py\n")
     outside = {o.function for o in mutant_set.out_of_region}
     assert outside == {"Fence.register", "Fence.remove"}  # e.g. the loops and the calls
+
+
+def test_each_diff_is_difflib_s_over_the_whole_texts() -> None:
+    """A mutant's diff is computed on its lines near the change, from the original's
+    lines with the edits applied; it reads as difflib's over both whole files."""
+    regions = resolve_regions(SOURCE, REGIONS, filename="fence.py")
+    mutant_set = build_mutants(SOURCE, "fence.py", regions, {})
+    assert mutant_set.mutants
+    for mutant in mutant_set.mutants:
+        whole = difflib.unified_diff(
+            SOURCE.splitlines(keepends=True),
+            apply_edits(SOURCE, mutant.edits).splitlines(keepends=True),
+            "a/fence.py",
+            "b/fence.py",
+            n=2,
+        )
+        assert mutant.diff == "".join(whole)
+
+
+def test_an_edit_s_line_holding_a_break_is_split_as_the_text_would_be() -> None:
+    edit = LineEdit(2, 2, ("a = 1\x0cb = 2",))
+    lines = ["x\n", "y\n", "z\n"]
+    edited = edited_lines(lines, (edit,))
+    assert edited == "".join(edited).splitlines(keepends=True)
+    assert "".join(edited) == apply_edits("".join(lines), (edit,))
+    assert edited[0] is lines[0]
+    assert lines == ["x\n", "y\n", "z\n"]
 
 
 def test_function_hashes_ignore_edits_outside_the_function() -> None:
