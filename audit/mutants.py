@@ -19,7 +19,7 @@ from coverage.parser import PythonParser
 
 from audit import generation
 from audit.model import Mutant
-from audit.protocol import edited_lines
+from audit.protocol import LineEdit, edited_lines
 from audit.regions import Region
 
 
@@ -95,7 +95,7 @@ def build_mutants(
                 ordinal=mutation.ordinal,
                 line=mutation.line,
                 changed_lines=mutation.changed_lines,
-                diff=unified_diff(original, mutated, filename),
+                diff=unified_diff(original, mutated, filename, edits=mutation.edits),
                 edits=mutation.edits,
                 covered_by=tuple(covered),
             )
@@ -127,17 +127,23 @@ def function_hashes(source: str, functions: Iterable[str]) -> dict[str, str]:
     return hashes
 
 
-def unified_diff(original: list[str], mutated: list[str], filename: str) -> str:
+def unified_diff(
+    original: list[str], mutated: list[str], filename: str, *, edits: Iterable[LineEdit] = ()
+) -> str:
     """The unified diff (two lines of context) of a mutant, computed on the lines
     around its change: the lines both texts share at their start and end are left
     out first, as difflib would only report them as context, and the hunk headers
-    are shifted back to the file's line numbers."""
+    are shifted back to the file's line numbers. ``edits``: those that made
+    ``mutated`` from ``original``, when known; the lines before the first and after
+    the last are then not compared (they are the same)."""
     name = filename.rsplit("/", 1)[-1]
     limit = min(len(original), len(mutated))
-    head = 0
+    edits = tuple(edits)
+    head = min(min((e.start - 1 for e in edits), default=0), limit)
     while head < limit and original[head] == mutated[head]:
         head += 1
-    tail = 0
+    tail = min((len(original) - e.end for e in edits), default=0)
+    tail = max(min(tail, limit - head), 0)
     while tail < limit - head and original[-1 - tail] == mutated[-1 - tail]:
         tail += 1
     start = max(head - CONTEXT, 0)

@@ -10,7 +10,13 @@ import pytest
 
 from audit import generation, mutmut_adapter
 from audit.config import RegionSpec, Selection, StatementSelector
-from audit.mutants import TestsOfLines, build_mutants, function_hashes, mutant_id
+from audit.mutants import (
+    TestsOfLines,
+    build_mutants,
+    function_hashes,
+    mutant_id,
+    unified_diff,
+)
 from audit.protocol import LineEdit, apply_edits, edited_lines
 from audit.regions import resolve_regions
 from audit.testproc import codeswap
@@ -105,6 +111,24 @@ def test_each_diff_is_difflib_s_over_the_whole_texts() -> None:
             n=2,
         )
         assert mutant.diff == "".join(whole)
+
+
+@pytest.mark.parametrize(
+    "edits",
+    [
+        (LineEdit(1, 1, ("first",)),),  # the first line
+        (LineEdit(4, 5, ()),),  # the last two lines deleted
+        (LineEdit(6, 5, ("appended",)),),  # inserted after the end
+        (LineEdit(2, 1, ("inserted",)), LineEdit(4, 4, ("d",))),  # two edits
+        (LineEdit(3, 3, ("c",)),),  # a line replaced by itself: no change
+    ],
+)
+def test_a_diff_told_the_edits_is_the_diff_of_the_whole_texts(edits) -> None:  # type: ignore[no-untyped-def]
+    original = ["a\n", "b\n", "c\n", "d\n", "e\n"]
+    mutated = edited_lines(original, edits)
+    whole = "".join(difflib.unified_diff(original, mutated, "a/f.py", "b/f.py", n=2))
+    assert unified_diff(original, mutated, "f.py", edits=edits) == whole
+    assert unified_diff(original, mutated, "f.py") == whole
 
 
 def test_an_edit_s_line_holding_a_break_is_split_as_the_text_would_be() -> None:
