@@ -493,9 +493,15 @@ def judged_counts(
 def report_mutation(stage: pipeline.MutationStage) -> None:
     reports = stage.coverage.prepared.config.reports_dir
     judged, from_cache, unreached = judged_counts(stage.mutants, stage.verdicts)
-    kind = "in-region" if stage.coverage.prepared.changed is None else "changed-code"
+    count = len(stage.mutant_set.mutants)
+    if stage.coverage.prepared.changed is not None:
+        mutmut = f"{count} changed-code mutmut mutants"
+    elif stage.coverage.prepared.scope == scopes.FILE:
+        mutmut = f"{count} mutmut mutants of the whole module"
+    else:
+        mutmut = f"{count} in-region mutmut mutants"
     print(
-        f"fence-audit: {len(stage.mutant_set.mutants)} {kind} mutmut mutants and "
+        f"fence-audit: {mutmut} and "
         f"{len(stage.catalogue.mutants)} catalogue entries "
         f"({len(stage.mutant_set.out_of_region)} mutmut mutants outside every region, not run; "
         f"{unreached} reached by no test); judged {judged}, "

@@ -224,15 +224,20 @@ def write_audit(
 
 
 def format_scores(tallies: Mapping[str, Tally], overall: Tally) -> str:
+    """The tallies as a table: the regions, their overall row ("all"), then the groups
+    scored apart from them (code outside every region), marked and footnoted so."""
     header = ("region", "killed", "survived", "timeout", "no tests", "error", "equivalent", "score")
+    fence = [(name, t) for name, t in tallies.items() if name not in APART]
+    apart = [(f"{name} *", t) for name, t in tallies.items() if name in APART]
     rows = [
         (name, *(str(getattr(t, f)) for f in Tally.__slots__), _score_text(t))
-        for name, t in [*tallies.items(), ("all", overall)]
+        for name, t in [*fence, ("all", overall), *apart]
     ]
     widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     title = "  ".join(c.ljust(w) for c, w in zip(header, widths, strict=True)).rstrip()
-    return "\n".join([title, "  ".join("-" * w for w in widths), *lines])
+    note = ["* scored apart: outside every region, not counted in all"] if apart else []
+    return "\n".join([title, "  ".join("-" * w for w in widths), *lines, *note])
 
 
 def _score_text(tally: Tally) -> str:

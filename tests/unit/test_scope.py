@@ -22,7 +22,7 @@ from audit.mutants import build_mutants
 from audit.protocol import MutantStatus
 from audit.regions import resolve_regions
 from audit.report_model import load_results
-from audit.results import write_audit
+from audit.results import Tally, format_scores, write_audit
 
 OUTSIDE = scope.OUTSIDE_REGIONS
 
@@ -178,3 +178,21 @@ def test_file_scope_is_checked_for_every_command_that_has_it(argv, refused) -> N
             check_file_scope(load_config(), args)
     else:
         check_file_scope(load_config(), args)
+
+
+def test_the_score_table_puts_the_group_after_the_regions_overall_row() -> None:
+    """The terminal's table: the overall row ("all") counts the regions only, so the
+    group scored apart follows it, marked and footnoted, wherever it sits in the run."""
+    killed, survived = MutantStatus.KILLED, MutantStatus.SURVIVED
+    tallies = {
+        "population": Tally.of([killed, survived]),
+        scope.OUTSIDE_REGIONS: Tally.of([killed, survived, survived]),
+        "removal": Tally.of([killed]),
+    }
+    table = format_scores(tallies, Tally.of([killed, survived, killed])).splitlines()
+    names = [row.split()[0] for row in table[2:]]
+    assert names == ["population", "removal", "all", scope.OUTSIDE_REGIONS, "*"]
+    assert "33.3% of 3" in table[5]
+    assert table[-1].startswith("* scored apart")
+    plain = format_scores({"removal": Tally.of([killed])}, Tally.of([killed]))
+    assert "*" not in plain
