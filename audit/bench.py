@@ -43,6 +43,7 @@ from audit.protocol import MutantStatus, PlainRunSpec, apply_edits, write_spec
 from audit.session import WarmSession, pytest_args
 
 BENCH_FORMAT = 1
+IN_MUTMUT_ORDER_LOG = "mutants-in-mutmut-order.log"  # ours_in_order's judging
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,11 +75,23 @@ class Bench:
     # tests or not: ours may run its killer first, mutmut a test that hangs first),
     # those mutmut's own runner kills when it runs only the test that killed it in ours
     confirmed_by_mutmut: tuple[str, ...] = ()
+    # each disagreement judged again by ours, its tests in the order mutmut's run gave
+    # them and stopping at the first that fails or hangs, as mutmut does: the status
+    # ours then says (mutmut's too: the disagreement is the order and the policy after
+    # a hang, not the tests' outcomes), or "" when mutmut's stats gave it no test
+    in_mutmut_order: tuple[tuple[str, str], ...] = ()
 
     @property
     def disagreements_confirmed(self) -> bool:
         """Every disagreement is one mutmut itself confirms (:attr:`confirmed_by_mutmut`)."""
         return set(self.confirmed_by_mutmut) >= {i for i, _, _ in self.disagreements}
+
+    @property
+    def reproduced_in_mutmut_order(self) -> tuple[str, ...]:
+        """The disagreements where ours, given mutmut's order and policy, says mutmut's
+        status."""
+        theirs = {i: b for i, _, b in self.disagreements}
+        return tuple(i for i, status in self.in_mutmut_order if status == theirs.get(i))
 
     def ratios(self) -> dict[str, float]:
         e2e = {
@@ -109,7 +122,12 @@ def run_bench(
     work = prepared.config.reports_dir / ".work" / "bench"
     # The judging logs, listed as fence-audit's before they are written (a later run
     # refuses a reports folder holding files it did not write).
-    claim(prepared.config.reports_dir, "logs/mutants.log", "logs/mutmut.log")
+    claim(
+        prepared.config.reports_dir,
+        "logs/mutants.log",
+        "logs/mutmut.log",
+        f"logs/{IN_MUTMUT_ORDER_LOG}",
+    )
     # A private cache: the benchmark judges every mutant and leaves the real cache alone.
     config = dataclasses.replace(prepared.config, cache_dir=work / "cache")
     shutil.rmtree(config.cache_dir / "mutations", ignore_errors=True)  # generation cold
@@ -151,6 +169,13 @@ def run_bench(
     started = time.monotonic()
     theirs = mutmut_adapter.judge(config, stage.suite, prepared.target, mutants, options.jobs)
     mutmut_s = time.monotonic() - started
+    # Read now: each confirmation below stages mutmut's project again.
+    orders = mutmut_adapter.run_orders(
+        mutmut_adapter.project_dir(config),
+        prepared.target.module,
+        mutants,
+        stage.coverage_map.durations,
+    )
 
     import_s = _vllm_import_seconds(config.cache_dir, config.offline_models, prepared.target.module)
     needed = sum(_needed_seconds(m, ours[m.id], stage.coverage_map.durations) for m in mutants)
@@ -192,9 +217,12 @@ def run_bench(
             stage, config, by_id[i], ours[i].killed_by, f"mutmut-confirm-{n}.log"
         )
     )
+    replayed = [by_id[i] for i, _, _ in disagreements]
+    again = ours_in_order(stage, config, options, replayed, orders, mutant_set.function_hashes)
     return Bench(
         killed_after_hangs=killed_after_hangs,
         confirmed_by_mutmut=confirmed,
+        in_mutmut_order=tuple((m.id, again.get(m.id, "")) for m in replayed),
         mutants=len(mutants),
         jobs=options.jobs,
         generation_s=round(generation_s, 3),
@@ -226,6 +254,38 @@ def mutmut_kills_alone(
         config, stage.suite, stage.prepared.target, [mutant], 1, tests=(test,), log=log
     )
     return verdicts[mutant.id].status is MutantStatus.KILLED
+
+
+def ours_in_order(
+    stage: CoverageStage,
+    config: Config,
+    options: ExecutorOptions,
+    mutants: list[Mutant],
+    orders: Mapping[str, tuple[str, ...]],
+    function_hashes: Mapping[str, str],
+) -> dict[str, str]:
+    """Each of ``mutants`` judged by ours, in a new process, with its tests as
+    ``orders`` gives them (mutmut's), stopping at the first test that fails (killed)
+    or hangs (timeout), as mutmut's run does: its status, by mutant id. A mutant
+    ``orders`` gives no test for is left out."""
+    replayed = [
+        dataclasses.replace(m, covered_by=orders[m.id]) for m in mutants if orders.get(m.id)
+    ]
+    if not replayed:
+        return {}
+    policy = dataclasses.replace(options, keep_order=True, max_hangs=1, use_cache=False)
+    verdicts = executor.judge(
+        config,
+        stage.suite,
+        stage.prepared.target,
+        replayed,
+        function_hashes,
+        stage.coverage_map.durations,
+        stage.prepared.vllm.version,
+        policy,
+        log=IN_MUTMUT_ORDER_LOG,
+    )
+    return {i: verdict.status.value for i, verdict in verdicts.items()}
 
 
 def mutate_command(args: argparse.Namespace) -> tuple[str, ...]:
@@ -289,8 +349,14 @@ def end_to_end(
 def write_bench(bench: Bench, path: Path) -> dict[str, Any]:
     document = {
         "format": BENCH_FORMAT,
-        **{k: v for k, v in dataclasses.asdict(bench).items() if k != "disagreements"},
+        **{
+            k: v
+            for k, v in dataclasses.asdict(bench).items()
+            if k not in ("disagreements", "in_mutmut_order")
+        },
+        "in_mutmut_order": dict(bench.in_mutmut_order),
         "disagreements_confirmed": bench.disagreements_confirmed,
+        "reproduced_in_mutmut_order": list(bench.reproduced_in_mutmut_order),
         "disagreements": [
             {"id": i, "ours": ours, "mutmut": theirs} for i, ours, theirs in bench.disagreements
         ],
@@ -326,6 +392,12 @@ def format_bench(bench: Bench) -> str:
                 "\n  every disagreement confirmed by mutmut itself"
                 if bench.disagreements and bench.disagreements_confirmed
                 else ""
+            )
+            + (
+                "\n  every disagreement reproduced by ours in mutmut's order"
+                if bench.disagreements
+                and len(bench.reproduced_in_mutmut_order) == len(bench.disagreements)
+                else ""
             ),
             f"(not timed above: mutant generation {bench.generation_s:.1f} s, "
             f"baseline under coverage {bench.baseline_s:.1f} s)",
@@ -354,6 +426,11 @@ def _why(bench: Bench, mutant_id: str) -> str:
         said.append("ours after hung tests: mutmut stops at a hang")
     if mutant_id in bench.confirmed_by_mutmut:
         said.append("mutmut kills it running our killing test alone")
+    replayed = dict(bench.in_mutmut_order).get(mutant_id)
+    if replayed:
+        said.append(f"ours says {replayed} in mutmut's order, stopping as mutmut stops")
+    elif replayed is not None:
+        said.append("mutmut's stats give it no test")
     return f" ({'; '.join(said)})" if said else ""
 
 

@@ -51,6 +51,7 @@ def judge(
     warm: WarmSession | None = None,
     env: Mapping[str, Mapping[str, str]] | None = None,
     whole_failure: bool = False,
+    log: str = "mutants.log",
 ) -> dict[str, MutantResult]:
     """A verdict for every mutant: from the cache, or from the test process.
 
@@ -59,7 +60,7 @@ def judge(
     gone) a new test process is started. ``warm`` is closed either way. ``env``: by
     mutant id, what its judging fork sets in its environment (a second look's
     Hypothesis profile); ``whole_failure``: keep a Hypothesis example whole (the deep
-    look's, :mod:`audit.deep`).
+    look's, :mod:`audit.deep`); ``log``: the judging's log, in the reports' logs folder.
     """
     cache = VerdictCache(
         config.cache_dir / "results", TestHasher(suite.root, suite.plugins), vllm_version
@@ -77,7 +78,12 @@ def judge(
             continue
         function = f"{mutant.module}:{mutant.function}" if mutant.module else mutant.function
         overrides = (env or {}).get(mutant.id, {})
-        key = cache.key(mutant, function_hashes[function], {**inherited, **overrides})
+        key = cache.key(
+            mutant,
+            function_hashes[function],
+            {**inherited, **overrides},
+            given_order=options.keep_order,
+        )
         keyed.append((mutant, key))
         cached = cache.lookup(mutant.id, key) if options.use_cache else None
         # A timeout is a verdict like the others: a test is judged hung on the CPU
@@ -97,8 +103,9 @@ def judge(
             spec = _mutation_spec(
                 config, suite, target, source, jobs, cache.directory, options, whole_failure
             )
-            spec = dataclasses.replace(spec, chains=chains(keyed, {job.key for job in jobs}))
-            _run(config, suite, spec, warm, failures)
+            if not options.keep_order:  # a chain's kills would reorder its next job's tests
+                spec = dataclasses.replace(spec, chains=chains(keyed, {job.key for job in jobs}))
+            _run(config, suite, spec, warm, failures, log)
         elif warm is not None:
             warm.close()
     except KeyboardInterrupt:
@@ -154,9 +161,10 @@ def _run(
     spec: MutationSpec,
     warm: WarmSession | None,
     failures: dict[str, str],
+    log_name: str = "mutants.log",
 ) -> None:
     """Hand ``spec`` to the warm process (or a new one) and follow its events to the end."""
-    log = config.reports_dir / "logs" / "mutants.log"
+    log = config.reports_dir / "logs" / log_name
     log.parent.mkdir(parents=True, exist_ok=True)
     spec_file = config.reports_dir / ".work" / "executor-spec.json"
     write_spec(spec_file, spec)

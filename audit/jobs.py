@@ -45,6 +45,11 @@ class ExecutorOptions:
     # judged TIMEOUT (testproc.judge.run_tests).
     max_hangs: int = 3
     use_cache: bool = True
+    # Run each mutant's covering tests in the order they are given (its
+    # ``covered_by``), unguided by what killed its function's other mutants: how the
+    # benchmark replays another engine's order (bench.ours_in_mutmut_order). Its
+    # verdicts are kept apart from those of the usual order (VerdictCache.key).
+    keep_order: bool = False
 
     def test_budget(self, baseline_s: float) -> float:
         return round(max(self.timeout_min_s, self.timeout_factor * baseline_s), 3)
@@ -64,7 +69,7 @@ def build_job(
     options: ExecutorOptions,
 ) -> Job:
     """The job judging ``mutant`` (``source``: the target's text, for its frame)."""
-    tests = initial_order(mutant, durations)
+    tests = mutant.covered_by if options.keep_order else initial_order(mutant, durations)
     budgets = {t: options.test_budget(durations.get(t, 0.0)) for t in tests}
     return Job(
         key=key,

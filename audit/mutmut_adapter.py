@@ -32,6 +32,7 @@ from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 from mutmut.mutation.file_mutation import MutationVisitor, OuterFunctionProvider, deep_replace
 from mutmut.mutation.mutators import mutation_operators
 from mutmut.mutation.pragma_handling import IgnoredCode, PragmaVisitor
+from mutmut.utils.format_utils import mangled_name_from_mutant_name
 
 from audit.config import Config
 from audit.generation import Mutation
@@ -332,8 +333,7 @@ def judge(
 
     No cache and no killer names: mutmut records neither."""
     mutants = tuple(mutants)  # iterated twice
-    work = config.reports_dir / ".work"
-    project = work / "mutmut"
+    project = project_dir(config)
     stage_project(
         project,
         module=target.module,
@@ -372,6 +372,32 @@ def judge(
             duration_s=round(elapsed / max(len(names), 1), 3),
         )
     return verdicts
+
+
+def project_dir(config: Config) -> Path:
+    """Where :func:`judge` stages mutmut's project (each run stages it afresh)."""
+    return config.reports_dir / ".work" / "mutmut"
+
+
+def run_orders(
+    project: Path, module: str, mutants: Iterable[Mutant], known: Collection[str]
+) -> dict[str, tuple[str, ...]]:
+    """Each mutant's tests in the order mutmut's last run in ``project`` ran them: the
+    tests its stats saw calling the mutant's function, fastest first by the durations
+    it measured (ties, which mutmut leaves to a set's order, by name). Tests outside
+    ``known`` (the baseline's) are left out; a mutant whose function no test called
+    is too."""
+    stats = json.loads((project / "mutants" / "mutmut-stats.json").read_text())
+    tests_of: dict[str, list[str]] = stats["tests_by_mangled_function_name"]
+    duration: dict[str, float] = stats["duration_by_test"]
+    orders = {}
+    for mutant in mutants:
+        name = mutmut_name(module, mutant.function, mutant.ordinal)
+        tests = tests_of.get(mangled_name_from_mutant_name(name), [])
+        ordered = sorted(tests, key=lambda t: (duration.get(t, 0.0), t))
+        if mine := tuple(t for t in ordered if t in known):
+            orders[mutant.id] = mine
+    return orders
 
 
 def _package_root(target: Target) -> Path:

@@ -38,7 +38,16 @@ class VerdictCache:
         for leftover in [*directory.glob(".*.tmp"), *directory.glob("forced-fail-*.json")]:
             leftover.unlink(missing_ok=True)
 
-    def key(self, mutant: Mutant, function_hash: str, environment: Mapping[str, str]) -> str:
+    def key(
+        self,
+        mutant: Mutant,
+        function_hash: str,
+        environment: Mapping[str, str],
+        *,
+        given_order: bool = False,
+    ) -> str:
+        """The key of ``mutant``'s verdict. ``given_order``: its tests run in the order
+        given (ExecutorOptions.keep_order), a verdict kept apart from the usual one."""
         material = [
             ENGINE_VERSION,
             self.vllm_version,
@@ -48,6 +57,8 @@ class VerdictCache:
             self.hasher.tests_hash(mutant.covered_by),
             sorted(environment.items()),
         ]
+        if given_order:  # appended: the usual keys stay as they were
+            material.append(["order", list(mutant.covered_by)])
         return hashlib.sha256(json.dumps(material).encode()).hexdigest()[:32]
 
     def path(self, key: str) -> Path:

@@ -1,12 +1,13 @@
 """The benchmark's account of disagreements with mutmut (audit/bench.py): each named,
 those after hung tests said so, and mutmut's own confirmation reported only when
-mutmut gave it."""
+mutmut gave it, and ours' replay of each in mutmut's order."""
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
-from audit.bench import Bench, format_bench
+from audit.bench import Bench, format_bench, write_bench
 
 AGREED = Bench(
     mutants=3,
@@ -27,6 +28,7 @@ AGREED = Bench(
     noop_s=1.5,
 )
 HANGS = (("f:a@1", "killed", "timeout"), ("f:b@2", "killed", "timeout"))
+HANGS_REPLAYED = (("f:a@1", "timeout"), ("f:b@2", "timeout"))  # ours in mutmut's order
 
 
 def after_hangs(*confirmed: str) -> Bench:
@@ -83,3 +85,28 @@ def test_a_kill_without_hangs_that_mutmut_confirms_is_said_so() -> None:
         "ours killed, mutmut timeout (mutmut kills it running our killing test alone)"
     )
     assert "  every disagreement confirmed by mutmut itself" in lines
+
+
+def test_ours_in_mutmut_s_order_is_said_of_each_disagreement(tmp_path: Path) -> None:
+    """Ours replays each disagreement in mutmut's order: a status equal to mutmut's
+    reproduces it, another does not, and a mutant mutmut's stats gave no test is
+    said so; only when every one is reproduced does the bench say so."""
+    bench = dataclasses.replace(
+        after_hangs("f:a@1", "f:b@2"),
+        disagreements=(*HANGS, ("f:c@3", "survived", "killed")),
+        in_mutmut_order=(("f:a@1", "timeout"), ("f:b@2", "killed"), ("f:c@3", "")),
+    )
+    assert bench.reproduced_in_mutmut_order == ("f:a@1",)
+    lines = format_bench(bench).splitlines()
+    line = {i: next(text for text in lines if i in text) for i in ("f:a@1", "f:b@2", "f:c@3")}
+    assert line["f:a@1"].endswith("ours says timeout in mutmut's order, stopping as mutmut stops)")
+    assert "ours says killed in mutmut's order" in line["f:b@2"]
+    assert line["f:c@3"].endswith("(mutmut's stats give it no test)")
+    assert not any("reproduced by ours" in text for text in lines)
+    document = write_bench(bench, tmp_path / "bench.json")
+    assert document["in_mutmut_order"] == {"f:a@1": "timeout", "f:b@2": "killed", "f:c@3": ""}
+    assert document["reproduced_in_mutmut_order"] == ["f:a@1"]
+
+    every = dataclasses.replace(bench, disagreements=HANGS, in_mutmut_order=HANGS_REPLAYED)
+    assert every.reproduced_in_mutmut_order == ("f:a@1", "f:b@2")
+    assert format_bench(every).count("every disagreement reproduced by ours in mutmut's order") == 1

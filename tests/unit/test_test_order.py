@@ -1,13 +1,20 @@
 """A job runs first the tests named after what its mutant changes; a job of a chain
 runs first the tests that killed the members before it; vLLM's tests stay before
-this project's; the chain with the most work left starts first."""
+this project's; the chain with the most work left starts first; the benchmark's replay
+of mutmut's order runs the tests as given."""
 
 from __future__ import annotations
 
-from audit.jobs import initial_order, words
+import dataclasses
+import json
+from pathlib import Path
+
+from audit.jobs import ExecutorOptions, build_job, initial_order, words
 from audit.model import Mutant
+from audit.mutmut_adapter import run_orders
 from audit.protocol import Chain, Job, Member, MutantStatus, Verdict
 from audit.testproc.order import Schedule, guided
+from audit.verdict_cache import TestHasher, VerdictCache
 
 VLLM = tuple(f"tests/v1/t.py::t{i}" for i in range(4))
 OURS = ("project/fence/test_f.py::a", "project/fence/test_f.py::b")
@@ -131,3 +138,37 @@ def test_a_mutant_in_two_places_of_the_chains_is_refused() -> None:
     except ValueError:
         return
     raise AssertionError("accepted a mutant in two chains")
+
+
+def test_a_given_order_is_kept_and_its_verdict_kept_apart(tmp_path: Path) -> None:
+    """The benchmark's replay of another engine's order: the job runs the covering
+    tests as given, not named or fastest first, and its verdict has a key of its own,
+    so a run in the usual order never reads it."""
+    given = mutant(CHANGE, FAST, SLOW)  # the usual order runs SLOW first (its name)
+    usual = build_job(given, "k", "", DURATIONS, ExecutorOptions())
+    kept = build_job(given, "k", "", DURATIONS, ExecutorOptions(keep_order=True))
+    assert usual.tests == (SLOW, FAST)
+    assert kept.tests == (FAST, SLOW)
+    cache = VerdictCache(tmp_path, TestHasher(tmp_path, ()), "0.33.0")
+    keys = {cache.key(given, "h", {}), cache.key(given, "h", {}, given_order=True)}
+    reordered = dataclasses.replace(given, covered_by=(SLOW, FAST))
+    keys.add(cache.key(reordered, "h", {}, given_order=True))
+    assert len(keys) == 3
+    assert cache.key(given, "h", {}) == cache.key(reordered, "h", {})  # the usual key: a set
+
+
+def test_mutmut_s_order_is_its_stats_fastest_first(tmp_path: Path) -> None:
+    """As mutmut's run orders a mutant's tests: those its stats saw calling the
+    function, by the durations it measured; ties by name; tests the baseline does not
+    have left out, and a mutant whose function no test called has no order."""
+    stats = {
+        "tests_by_mangled_function_name": {
+            "pkg.mod.xǁFǁf": [VLLM[0], VLLM[1], VLLM[2], "tests/gone.py::t"],
+        },
+        "duration_by_test": {VLLM[0]: 0.3, VLLM[1]: 0.1, VLLM[2]: 0.1, "tests/gone.py::t": 0.0},
+    }
+    (tmp_path / "mutants").mkdir()
+    (tmp_path / "mutants" / "mutmut-stats.json").write_text(json.dumps(stats))
+    other = dataclasses.replace(mutant(CHANGE, VLLM[0]), id="F.g:op@1:0-1:1#0", function="F.g")
+    orders = run_orders(tmp_path, "pkg.mod", [mutant(CHANGE, VLLM[0]), other], set(VLLM))
+    assert orders == {"F.f:op@1:0-1:1#0": (VLLM[1], VLLM[2], VLLM[0])}
