@@ -13,6 +13,12 @@ one run, it times
       baseline, mutants, reports), then the same command again with nothing changed
       (the no-op),
 and writes ``reports/bench.json``. Timing claims in this project come from here.
+
+Where the two engines disagree on a mutant, it asks why, three ways: mutmut's own
+runner given our killing test alone (does mutmut kill it too?), ours given mutmut's
+order and stopping where mutmut stops, at the first test that fails or hangs (does
+ours say what mutmut said?), and mutmut again, on that mutant alone (does mutmut say
+it twice?). The strict comparison (``statuses_agree``) stays as it was.
 """
 
 from __future__ import annotations
@@ -80,6 +86,9 @@ class Bench:
     # ours then says (mutmut's too: the disagreement is the order and the policy after
     # a hang, not the tests' outcomes), or "" when mutmut's stats gave it no test
     in_mutmut_order: tuple[tuple[str, str], ...] = ()
+    # each disagreement judged by mutmut again, in a run of its own (its tests timed
+    # and ordered afresh): the status mutmut's second run says
+    mutmut_again: tuple[tuple[str, str], ...] = ()
 
     @property
     def disagreements_confirmed(self) -> bool:
@@ -219,10 +228,15 @@ def run_bench(
     )
     replayed = [by_id[i] for i, _, _ in disagreements]
     again = ours_in_order(stage, config, options, replayed, orders, mutant_set.function_hashes)
+    twice = tuple(
+        (m.id, mutmut_alone(stage, config, m, f"mutmut-again-{n}.log"))
+        for n, m in enumerate(replayed, start=1)
+    )
     return Bench(
         killed_after_hangs=killed_after_hangs,
         confirmed_by_mutmut=confirmed,
         in_mutmut_order=tuple((m.id, again.get(m.id, "")) for m in replayed),
+        mutmut_again=twice,
         mutants=len(mutants),
         jobs=options.jobs,
         generation_s=round(generation_s, 3),
@@ -254,6 +268,17 @@ def mutmut_kills_alone(
         config, stage.suite, stage.prepared.target, [mutant], 1, tests=(test,), log=log
     )
     return verdicts[mutant.id].status is MutantStatus.KILLED
+
+
+def mutmut_alone(stage: CoverageStage, config: Config, mutant: Mutant, log: str) -> str:
+    """mutmut's status of ``mutant`` from a run of mutmut's own that judges it alone,
+    its tests selected and timed afresh as in the benchmark's run: whether mutmut says
+    of it twice what it said once."""
+    claim(config.reports_dir, f"logs/{log}")
+    verdicts = mutmut_adapter.judge(
+        config, stage.suite, stage.prepared.target, [mutant], 1, log=log
+    )
+    return verdicts[mutant.id].status.value
 
 
 def ours_in_order(
@@ -352,9 +377,10 @@ def write_bench(bench: Bench, path: Path) -> dict[str, Any]:
         **{
             k: v
             for k, v in dataclasses.asdict(bench).items()
-            if k not in ("disagreements", "in_mutmut_order")
+            if k not in ("disagreements", "in_mutmut_order", "mutmut_again")
         },
         "in_mutmut_order": dict(bench.in_mutmut_order),
+        "mutmut_again": dict(bench.mutmut_again),
         "disagreements_confirmed": bench.disagreements_confirmed,
         "reproduced_in_mutmut_order": list(bench.reproduced_in_mutmut_order),
         "disagreements": [
@@ -431,6 +457,12 @@ def _why(bench: Bench, mutant_id: str) -> str:
         said.append(f"ours says {replayed} in mutmut's order, stopping as mutmut stops")
     elif replayed is not None:
         said.append("mutmut's stats give it no test")
+    theirs = next(b for i, _, b in bench.disagreements if i == mutant_id)
+    second = dict(bench.mutmut_again).get(mutant_id)
+    if second == theirs:
+        said.append(f"mutmut says {second} again, alone")
+    elif second:
+        said.append(f"mutmut, run again alone, says {second}")
     return f" ({'; '.join(said)})" if said else ""
 
 

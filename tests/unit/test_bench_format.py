@@ -110,3 +110,18 @@ def test_ours_in_mutmut_s_order_is_said_of_each_disagreement(tmp_path: Path) -> 
     every = dataclasses.replace(bench, disagreements=HANGS, in_mutmut_order=HANGS_REPLAYED)
     assert every.reproduced_in_mutmut_order == ("f:a@1", "f:b@2")
     assert format_bench(every).count("every disagreement reproduced by ours in mutmut's order") == 1
+
+
+def test_mutmut_s_second_run_of_each_disagreement_is_said(tmp_path: Path) -> None:
+    """mutmut judges each disagreement again in a run of its own: the same status is
+    said as a repeat, another one as what the second run says."""
+    bench = dataclasses.replace(
+        after_hangs("f:a@1", "f:b@2"), mutmut_again=(("f:a@1", "timeout"), ("f:b@2", "killed"))
+    )
+    lines = format_bench(bench).splitlines()
+    first = next(line for line in lines if "f:a@1" in line)
+    second = next(line for line in lines if "f:b@2" in line)
+    assert first.endswith("; mutmut says timeout again, alone)")
+    assert second.endswith("; mutmut, run again alone, says killed)")
+    document = write_bench(bench, tmp_path / "bench.json")
+    assert document["mutmut_again"] == {"f:a@1": "timeout", "f:b@2": "killed"}
