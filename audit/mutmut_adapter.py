@@ -386,10 +386,13 @@ def run_orders(
     tests its stats saw calling the mutant's function, fastest first by the durations
     it measured (ties, which mutmut leaves to a set's order, by name). Tests outside
     ``known`` (the baseline's) are left out; a mutant whose function no test called
-    is too."""
-    stats = json.loads((project / "mutants" / "mutmut-stats.json").read_text())
-    tests_of: dict[str, list[str]] = stats["tests_by_mangled_function_name"]
-    duration: dict[str, float] = stats["duration_by_test"]
+    is too, and every mutant when mutmut's run left no stats (it failed before them)."""
+    try:
+        stats = json.loads((project / "mutants" / "mutmut-stats.json").read_text())
+        tests_of: dict[str, list[str]] = stats["tests_by_mangled_function_name"]
+        duration: dict[str, float] = stats["duration_by_test"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
     orders = {}
     for mutant in mutants:
         name = mutmut_name(module, mutant.function, mutant.ordinal)

@@ -172,3 +172,7 @@ def test_mutmut_s_order_is_its_stats_fastest_first(tmp_path: Path) -> None:
     other = dataclasses.replace(mutant(CHANGE, VLLM[0]), id="F.g:op@1:0-1:1#0", function="F.g")
     orders = run_orders(tmp_path, "pkg.mod", [mutant(CHANGE, VLLM[0]), other], set(VLLM))
     assert orders == {"F.f:op@1:0-1:1#0": (VLLM[1], VLLM[2], VLLM[0])}
+    # a mutmut run that failed before its stats: no order, for any mutant
+    (tmp_path / "mutants" / "mutmut-stats.json").write_text("{")
+    assert run_orders(tmp_path, "pkg.mod", [mutant(CHANGE, VLLM[0])], set(VLLM)) == {}
+    assert run_orders(tmp_path / "absent", "pkg.mod", [mutant(CHANGE, VLLM[0])], set(VLLM)) == {}
