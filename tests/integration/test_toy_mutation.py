@@ -401,3 +401,48 @@ def test_a_changed_test_environment_rejudges_every_mutant(
     monkeypatch.setenv("PATH", os.environ["PATH"] + os.pathsep + "/nonexistent")
     _, unrelated = toy.judge()
     assert all(unrelated[m].cached for m in judged)
+
+
+HANDOFF_ORDER = """\
+import threading
+
+from toypkg.fence import Fence
+
+
+def test_two_turns():
+    assert Fence().handoff(2) == 2
+
+
+def test_the_turns_end_within_a_second():
+    turns = threading.Thread(target=Fence().handoff, args=(2,), daemon=True)
+    turns.start()
+    turns.join(1.0)
+    assert not turns.is_alive()
+"""
+
+
+def test_a_given_order_decides_between_a_hang_and_a_failure(toy: Toy) -> None:
+    """The bench's replay of mutmut's order (bench.ours_in_order): the tests run as
+    given and the first that hangs or fails decides. `turn >= 0` -> `turn > 0` keeps
+    the lock: one test waits on it for ever, the other gives up after a second and
+    fails. Hang first: timeout; failure first: killed."""
+    (toy.root / "tests" / "test_handoff_order.py").write_text(HANDOFF_ORDER)
+    mutant_set, _ = toy.judge("tests/test_handoff_order.py")
+    (kept,) = (m for m in mutant_set.mutants if "+            if turn > 0:" in m.diff)
+    hang = "tests/test_handoff_order.py::test_two_turns"
+    fail = "tests/test_handoff_order.py::test_the_turns_end_within_a_second"
+    assert set(kept.covered_by) == {hang, fail}
+    replay = dataclasses.replace(FAST, keep_order=True, max_hangs=1, use_cache=False)
+    orders = {"hang first": (hang, fail), "failure first": (fail, hang)}
+    verdicts = {
+        name: toy.judge_mutants(
+            [dataclasses.replace(kept, covered_by=order)], mutant_set.function_hashes, replay
+        )[kept.id]
+        for name, order in orders.items()
+    }
+    assert verdicts["hang first"].status is MutantStatus.TIMEOUT
+    assert verdicts["hang first"].hung[0].startswith(f"{hang} blocked")
+    assert verdicts["hang first"].tests_run == (hang,)
+    assert verdicts["failure first"].status is MutantStatus.KILLED
+    assert verdicts["failure first"].killed_by == fail
+    assert verdicts["failure first"].tests_run == (fail,)
