@@ -263,20 +263,18 @@ def mutmut_kills_alone(
     """Whether mutmut's own runner kills ``mutant`` when it selects ``test`` alone (the
     test that killed it in ours): mutmut then confirms the kill itself, and the
     disagreement lies in which tests ran before it (a hang stops mutmut's run)."""
-    claim(config.reports_dir, f"logs/{log}")
-    verdicts = mutmut_adapter.judge(
-        config, stage.suite, stage.prepared.target, [mutant], 1, tests=(test,), log=log
-    )
-    return verdicts[mutant.id].status is MutantStatus.KILLED
+    return mutmut_alone(stage, config, mutant, log, tests=(test,)) == MutantStatus.KILLED.value
 
 
-def mutmut_alone(stage: CoverageStage, config: Config, mutant: Mutant, log: str) -> str:
+def mutmut_alone(
+    stage: CoverageStage, config: Config, mutant: Mutant, log: str, tests: tuple[str, ...] = ()
+) -> str:
     """mutmut's status of ``mutant`` from a run of mutmut's own that judges it alone,
-    its tests selected and timed afresh as in the benchmark's run: whether mutmut says
-    of it twice what it said once."""
+    its tests selected and timed afresh (``tests``: only these selected) and logged in
+    the reports' ``logs/LOG``: whether mutmut says of it twice what it said once."""
     claim(config.reports_dir, f"logs/{log}")
     verdicts = mutmut_adapter.judge(
-        config, stage.suite, stage.prepared.target, [mutant], 1, log=log
+        config, stage.suite, stage.prepared.target, [mutant], 1, tests=tests, log=log
     )
     return verdicts[mutant.id].status.value
 

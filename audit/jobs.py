@@ -47,7 +47,7 @@ class ExecutorOptions:
     use_cache: bool = True
     # Run each mutant's covering tests in the order they are given (its
     # ``covered_by``), unguided by what killed its function's other mutants: how the
-    # benchmark replays another engine's order (bench.ours_in_mutmut_order). Its
+    # benchmark replays another engine's order (bench.ours_in_order). Its
     # verdicts are kept apart from those of the usual order (VerdictCache.key).
     keep_order: bool = False
 
