@@ -69,6 +69,7 @@ tr.covered td.cov{background:#66bb6a}tr.partly td.cov{background:#ffca28}
 tr.missed td.cov{background:#ef5350}tr.missed td.src{background:#fdecea}
 tr.partly td.src{background:#fff8e1}tr.outside{opacity:.45}
 tr.mutants td{padding:.2em .5em .4em 4.5em}
+details.line-tests{margin:.15em 0;color:#555}
 details.mutant{margin:.15em 0;border-left:4px solid #ccc;padding-left:.5em}
 details.mutant.killed{border-color:#2e7d32}details.mutant.survived{border-color:#c62828}
 details.mutant.timeout{border-color:#ef6c00}details.mutant.error{border-color:#6a1b9a}
@@ -244,11 +245,11 @@ def render_region(results: AuditResults, region: RegionResult) -> str:
             "<p>Catalogue entries of another module: no per-line coverage is measured "
             "there, so every test of the suite judged them.</p>"
         )
-        parts.extend(_mutant_details(m, ()) for m in mutants if m.module == module)
+        parts.extend(_mutant_details(m, None) for m in mutants if m.module == module)
     stray = [m for m in mutants if not m.module and m.line not in placed]
     if stray:  # not expected: every mutant lies in a region function; never hide one
         parts.append("<h2>Mutants outside the functions shown</h2>")
-        parts.extend(_mutant_details(m, ()) for m in stray)
+        parts.extend(_mutant_details(m, None) for m in stray)
     parts.append(_footer(results))
     return "\n".join(parts)
 
@@ -533,8 +534,22 @@ def _source_table(
         rows.append(_source_row(line, region))
         mutants = by_line.get(line.number, [])
         if mutants:
-            details = "".join(_mutant_details(m, line.tests) for m in mutants)
-            rows.append(f'<tr class="mutants"><td colspan="4">{details}</td></tr>')
+            # The line's tests are listed once, before its mutants, which point to them:
+            # at --scope file a line's mutants share hundreds of tests.
+            listed = (
+                _test_list(
+                    line.tests,
+                    f"{len(line.tests)} test{' covers' if len(line.tests) == 1 else 's cover'} "
+                    f"line {line.number}",
+                    f' class="line-tests" id="{_tests_anchor(line.number)}"',
+                )
+                if line.tests
+                else ""
+            )
+            details = "".join(
+                _mutant_details(m, line.number if line.tests else None) for m in mutants
+            )
+            rows.append(f'<tr class="mutants"><td colspan="4">{listed}{details}</td></tr>')
     rows.append("</tbody></table>")
     return "\n".join(rows)
 
@@ -551,7 +566,13 @@ def _source_row(line: SourceLine, region: str) -> str:
     )
 
 
-def _mutant_details(mutant: MutantRecord, line_tests: tuple[str, ...]) -> str:
+def _tests_anchor(line: int) -> str:
+    return f"tests-L{line}"
+
+
+def _mutant_details(mutant: MutantRecord, listed_at: int | None) -> str:
+    """``mutant``, unfolded; ``listed_at``: the line whose covering tests the page lists
+    above its mutants (None: list the mutant's own here)."""
     facts = [
         ("status", _status(mutant.status)),
         ("id", f"<code>{escape(mutant.id)}</code>"),
@@ -590,8 +611,15 @@ def _mutant_details(mutant: MutantRecord, line_tests: tuple[str, ...]) -> str:
         )
     )
     facts.append(("diff", f"<pre>{escape(mutant.diff)}</pre>"))
-    tests = line_tests or mutant.covered_by
-    facts.append(("tests that cover the line", _test_list(tests)))
+    facts.append(
+        (
+            "tests that cover the line",
+            _test_list(mutant.covered_by)
+            if listed_at is None
+            else f'<a href="#{_tests_anchor(listed_at)}">listed above line {listed_at}\'s '
+            "mutants</a>",
+        )
+    )
     body = "".join(f"<dt>{name}</dt><dd>{value}</dd>" for name, value in facts)
     return (
         f'<details class="mutant {mutant.status.value}" id="{escape(mutant.anchor)}">'
@@ -628,8 +656,9 @@ def _second(judgement: SecondJudgement) -> str:
     return text
 
 
-def _test_list(tests: Iterable[str]) -> str:
-    """Test ids grouped by test function, parametrisations counted."""
+def _test_list(tests: Iterable[str], summary: str = "", attributes: str = "") -> str:
+    """Test ids grouped by test function, parametrisations counted, folded under
+    ``summary`` (by default, how many)."""
     tests = tuple(tests)
     if not tests:
         return "none"
@@ -638,7 +667,8 @@ def _test_list(tests: Iterable[str]) -> str:
         f"<li><code>{escape(name)}</code>{f' &times;{count}' if count > 1 else ''}</li>"
         for name, count in sorted(groups.items())
     )
-    return f"<details><summary>{len(tests)} tests</summary><ul>{items}</ul></details>"
+    summary = summary or f"{len(tests)} tests"
+    return f"<details{attributes}><summary>{summary}</summary><ul>{items}</ul></details>"
 
 
 def _short(test_id: str) -> str:

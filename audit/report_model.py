@@ -1,6 +1,6 @@
 """The saved results, read back: what every report renders, and nothing else.
 
-``load_results`` reads ``reports/audit.json`` (format 2) into frozen dataclasses, so
+``load_results`` reads ``reports/audit.json`` (format 3, or 2) into frozen dataclasses, so
 the renderers (:mod:`audit.html_report`, :mod:`audit.markdown_report`,
 :mod:`audit.junit_report`, :mod:`audit.stryker`; :mod:`audit.reports` lists them)
 and the gate (:mod:`audit.gate`) never re-run anything and never touch raw JSON. A
@@ -367,12 +367,15 @@ def load_results(path: Path) -> AuditResults:
 
 
 def _results(path: Path, document: Fields) -> AuditResults:
-    document.count("format")
+    by_index = document.count("format") >= 3  # format 2 names the mutants' tests
     bodies = document.mapping("regions")
     if not bodies:
         raise Invalid("regions", "no region (every run judges at least one)")
     names = tuple(name for name, _ in bodies)
-    mutants = tuple(_mutant(body, names) for body in document.objects("mutants"))
+    tests = document.texts("tests")
+    mutants = tuple(
+        _mutant(body, names, tests if by_index else None) for body in document.objects("mutants")
+    )
     _check_unique(mutants)
     # Every tally is recomputed from the mutants; the stored ones must agree.
     tallies = {f"regions.{n}": tally_of([m for m in mutants if m.region == n]) for n in names}
@@ -410,7 +413,7 @@ def _results(path: Path, document: Fields) -> AuditResults:
         overall=tallies["score"][0],
         regions=regions,
         mutants=mutants,
-        functions=_source(document.object("source"), document.texts("tests")),
+        functions=_source(document.object("source"), tests),
         out_of_region=len([_out_of_region(body) for body in out_of_region]),
         catalogue=tuple(_catalogue(c) for c in document.objects("catalogue", optional=True)),
         equivalents=equivalents,
@@ -490,7 +493,9 @@ def _fraction(body: Fields, key: str) -> Fraction:
     return fraction
 
 
-def _mutant(body: Fields, regions: tuple[str, ...]) -> MutantRecord:
+def _mutant(body: Fields, regions: tuple[str, ...], tests: Sequence[str] | None) -> MutantRecord:
+    """A mutant; ``tests``: the file's, which its tests index (None: format 2, which
+    names them)."""
     region = body.text("region")
     if region not in regions:
         raise Invalid(body.where("region"), f"{region!r} is not in regions ({', '.join(regions)})")
@@ -504,8 +509,8 @@ def _mutant(body: Fields, regions: tuple[str, ...]) -> MutantRecord:
         status=member(body.raw("status"), body.where("status"), MutantStatus),
         killed_by=body.text("killed_by", "", null=True),
         failure=body.text("failure", "", null=True),
-        covered_by=body.texts("covered_by", optional=True),
-        tests_run=len(body.texts("tests_run", optional=True)),
+        covered_by=_tests(body, "covered_by", tests),
+        tests_run=len(_tests(body, "tests_run", tests)),
         duration_s=body.number("duration_s", 0.0),
         diff=body.text("diff", ""),
         cached=body.flag("cached", False),
@@ -601,6 +606,13 @@ def _line(body: Fields, tests: tuple[str, ...]) -> SourceLine:
 
 
 _COVERED = ("covered", "partly", "missed")
+
+
+def _tests(body: Fields, key: str, tests: Sequence[str] | None) -> tuple[str, ...]:
+    """A mutant's list of tests: names (format 2), or indices into the file's tests."""
+    if tests is None:
+        return body.texts(key, optional=True)
+    return tuple(tests[_test_index(i, where, len(tests))] for where, i in _items(body, key))
 
 
 def _test_index(value: object, where: str, known: int) -> int:

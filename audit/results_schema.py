@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from audit.errors import ConfigError
-from audit.results import AUDIT_FORMAT, Tally
+from audit.results import READ_FORMATS, Tally
 
 _Enum = TypeVar("_Enum", bound=StrEnum)
 _View = TypeVar("_View")
@@ -222,7 +222,7 @@ def _read(path: Path) -> object:
 
 def _check_format(path: Path, document: object) -> None:
     """An audit.json of this format, or an error naming what the file is instead."""
-    if isinstance(document, dict) and document.get("format") == AUDIT_FORMAT:
+    if isinstance(document, dict) and document.get("format") in READ_FORMATS:
         return
     what = _foreign(document)
     if what:
@@ -235,7 +235,8 @@ def _check_format(path: Path, document: object) -> None:
         )
     found = document.get("format") if isinstance(document, dict) else None
     raise ConfigError(
-        f"the results file has format {found!r}; this fence-audit reads format {AUDIT_FORMAT}",
+        f"the results file has format {found!r}; this fence-audit reads format "
+        + " and ".join(map(str, READ_FORMATS)),
         details={"file": str(path), "next": "run `fence-audit mutate` with this version"},
     )
 

@@ -11,6 +11,10 @@ rendered by :mod:`audit.reports`, so ``fence-audit report`` re-renders it too.
 Locations come from the mutant id's ``@L:C-L:C`` span (the mutated node); a mutant
 without one is placed on the lines its diff changes. ``replacement`` is the node's
 mutated text, given only when the diff changes nothing outside the node.
+
+Tests are named once, under ``testFiles``, each with a short id (its place among the
+run's test ids, sorted); the mutants' ``killedBy`` and ``coveredBy`` give those ids, as
+Stryker's own reports do. A mutant of ``--scope file`` is covered by hundreds of tests.
 """
 
 from __future__ import annotations
@@ -106,11 +110,12 @@ def mutation_report(results: AuditResults) -> dict[str, Any]:
     """The report as a JSON-ready dict, over the audited source (:func:`audited_text`)."""
     source = audited_text(results.target_path, results.target_module, results, digest=True)
     lines = source.splitlines(keepends=True)
+    ids = test_ids(results.mutants)
     files = {
         _report_path(results): {
             "language": "python",
             "source": source,
-            "mutants": [_mutant(m, lines) for m in results.mutants if not m.path],
+            "mutants": [_mutant(m, lines, ids) for m in results.mutants if not m.path],
         }
     }
     # Catalogue mutants of another module (the worker's) sit in their own file.
@@ -120,13 +125,13 @@ def mutation_report(results: AuditResults) -> dict[str, Any]:
         files[mutants[0].module.replace(".", "/") + ".py"] = {
             "language": "python",
             "source": text,
-            "mutants": [_mutant(m, text.splitlines(keepends=True)) for m in mutants],
+            "mutants": [_mutant(m, text.splitlines(keepends=True), ids) for m in mutants],
         }
     return {
         "schemaVersion": STRYKER_SCHEMA_VERSION,
         "thresholds": dict(THRESHOLDS),
         "files": files,
-        "testFiles": tests_by_file(results.mutants),
+        "testFiles": tests_by_file(ids),
         "framework": {
             "name": results.tool_name,
             "version": results.tool_version,
@@ -134,7 +139,7 @@ def mutation_report(results: AuditResults) -> dict[str, Any]:
         },
         # Free-form in the schema: what was audited, with which tests, how.
         "config": {
-            "auditFormat": AUDIT_FORMAT,  # the only format load_results reads
+            "auditFormat": AUDIT_FORMAT,  # the format of the audit.json it renders
             "target": {
                 "module": results.target_module,
                 "path": results.target_path,
@@ -147,17 +152,22 @@ def mutation_report(results: AuditResults) -> dict[str, Any]:
     }
 
 
-def tests_by_file(mutants: Iterable[MutantRecord]) -> dict[str, dict[str, Any]]:
-    """Every test id the mutants name, grouped by the file before ``::``."""
-    ids: set[str] = set()
+def test_ids(mutants: Iterable[MutantRecord]) -> dict[str, str]:
+    """Every test the mutants name, to its short id in the report: its place, sorted."""
+    named: set[str] = set()
     for mutant in mutants:
-        ids.update(mutant.covered_by)
+        named.update(mutant.covered_by)
         if mutant.killed_by:
-            ids.add(mutant.killed_by)
+            named.add(mutant.killed_by)
+    return {test: str(number) for number, test in enumerate(sorted(named))}
+
+
+def tests_by_file(ids: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """The tests of ``ids`` (:func:`test_ids`), grouped by the file before ``::``."""
     files: dict[str, list[dict[str, str]]] = {}
-    for test_id in sorted(ids):
+    for test_id, short in ids.items():
         file, sep, name = test_id.partition("::")
-        files.setdefault(file, []).append({"id": test_id, "name": name if sep else test_id})
+        files.setdefault(file, []).append({"id": short, "name": name if sep else test_id})
     return {file: {"tests": tests} for file, tests in files.items()}
 
 
@@ -173,7 +183,7 @@ def location_of(mutant: MutantRecord, lines: list[str]) -> Location:
     return Location(line, 0, end_line, len(end_text.rstrip("\r\n")))
 
 
-def _mutant(mutant: MutantRecord, lines: list[str]) -> dict[str, Any]:
+def _mutant(mutant: MutantRecord, lines: list[str], ids: dict[str, str]) -> dict[str, Any]:
     location = location_of(mutant, lines)
     result: dict[str, Any] = {
         "id": mutant.id,
@@ -189,8 +199,8 @@ def _mutant(mutant: MutantRecord, lines: list[str]) -> dict[str, Any]:
     if mutant.failure:
         result["statusReason"] = mutant.failure
     if mutant.killed_by:
-        result["killedBy"] = [mutant.killed_by]
-    result["coveredBy"] = list(mutant.covered_by)
+        result["killedBy"] = [ids[mutant.killed_by]]
+    result["coveredBy"] = [ids[test] for test in mutant.covered_by]
     result["testsCompleted"] = mutant.tests_run
     result["duration"] = round(mutant.duration_s * 1000, 3)  # the schema's milliseconds
     return result

@@ -364,6 +364,64 @@ def test_what_write_audit_writes_reads_back_and_a_complete_run_has_no_incomplete
     assert (results.overall.killed, results.overall.judged, results.out_of_region) == (1, 1, 1)
 
 
+def test_a_mutant_gives_its_tests_as_places_in_the_file_s_tests(tmp_path: Path) -> None:
+    written_file = json.loads(written(tmp_path).read_text())
+    assert written_file["format"] == 3
+    assert written_file["tests"] == [VLLM_TEST]
+    (mutant,) = written_file["mutants"]
+    assert (mutant["covered_by"], mutant["tests_run"], mutant["killed_by"]) == ([0], [0], VLLM_TEST)
+    (read,) = load_results(tmp_path / "audit.json").mutants
+    assert (read.covered_by, read.tests_run) == ((VLLM_TEST,), 1)
+
+
+def by_place(audit: dict[str, Any]) -> dict[str, Any]:
+    """``audit`` (format 2, tests named) as format 3 writes it: tests by their place."""
+    place = {test: number for number, test in enumerate(audit["tests"])}
+    for mutant in audit["mutants"]:
+        for key in ("covered_by", "tests_run"):
+            mutant[key] = [place[test] for test in mutant[key]]
+    return {**audit, "format": 3}
+
+
+def test_a_format_2_file_reads_as_the_same_run_written_as_format_3(tmp_path: Path) -> None:
+    old = load_results(save(tmp_path, document(), "old.json"))
+    new = load_results(save(tmp_path, by_place(document()), "new.json"))
+    assert any(m.covered_by for m in old.mutants)
+    assert dataclasses.replace(new, path=old.path) == old
+
+
+OUT_OF_PLACE = {
+    "an index past the tests": (
+        ("covered_by", [4]),
+        "mutants[0].covered_by[0]: test index 4 is out of range (the file lists 4 tests)",
+    ),
+    "a name in format 3": (
+        ("tests_run", ["t.py::a"]),
+        "mutants[0].tests_run[0]: expected a whole number, got a string",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", OUT_OF_PLACE)
+def test_a_format_3_mutant_s_tests_must_be_places_in_the_file_s_tests(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    (key, value), message = OUT_OF_PLACE[case]
+    audit = by_place(document())
+    audit["mutants"][0][key] = value
+    line = refused(tmp_path, audit, capsys)
+    assert line == f"fence-audit: the results file is damaged: {message}"
+
+
+def test_a_results_file_of_another_format_says_which_formats_are_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    line = refused(tmp_path, {**document(), "format": 4}, capsys)
+    assert (
+        line == "fence-audit: the results file has format 4; this fence-audit reads format 2 and 3"
+    )
+
+
 def test_the_gate_refuses_an_interrupted_run_with_13_and_the_reports_say_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -79,7 +79,10 @@ def test_clicking_a_survivor_opens_its_details_on_the_region_page(
     shown = browser.visible_text(f"details[id='{anchor}']")
     assert "survived" in shown
     assert "+            if block < 0 and job | 1:  # </pre><script>alert(1)</script>" in shown
-    assert "2 tests" in shown
+    assert "tests that cover the line\nlisted above line 6's mutants" in shown
+    assert browser.visible_text("#tests-L6 > summary") == "2 tests cover line 6"
+    browser.click(f"details[id='{anchor}'] a[href='#tests-L6']")
+    assert browser.evaluate("location.hash") == "#tests-L6"
     browser.screenshot(screenshots() / "region-expanded.png")
     assert browser.script_errors() == []
 

@@ -61,6 +61,19 @@ def test_region_page_matches_golden(results: AuditResults, bless: bool, tmp_path
     check_golden("region-removal.html", page, bless, tmp_path)
 
 
+def test_a_line_s_covering_tests_are_listed_once_before_its_mutants(
+    results: AuditResults,
+) -> None:
+    page = render_region(results, results.region("removal"))
+    on_line = [m for m in results.mutants_of("removal") if m.line == 12]
+    assert len(on_line) == 2
+    rows = re.findall(r'<tr class="mutants">.*?</td></tr>', page, re.S)
+    (row,) = [r for r in rows if 'id="tests-L12"' in r]
+    assert row.count("test_remove</code>") == 1  # listed once, for both
+    assert row.count('<a href="#tests-L12">') == 2  # each mutant points to it
+    assert row.index('id="tests-L12"') < row.index('<details class="mutant')
+
+
 def test_summary_matches_golden(results: AuditResults, bless: bool, tmp_path: Path) -> None:
     check_golden("summary.md", render_summary(results), bless, tmp_path)
 

@@ -202,7 +202,11 @@ def test_killing_and_covering_tests_are_all_listed_under_test_files(
     for m in by_id(report).values():
         assert set(m.get("killedBy", [])) <= listed
         assert set(m.get("coveredBy", [])) <= listed
-    assert by_id(report)["release:remove_unary_ops@2:11-2:27#0"]["killedBy"] == [TEST_A]
+    files = report["testFiles"].items()
+    names = {t["id"]: f"{file}::{t['name']}" for file, f in files for t in f["tests"]}
+    killed = by_id(report)["release:remove_unary_ops@2:11-2:27#0"]
+    assert [names[t] for t in killed["killedBy"]] == [TEST_A]
+    assert [names[t] for t in killed["coveredBy"]] == [TEST_A, TEST_B]
 
 
 def test_tests_are_grouped_by_the_file_before_the_double_colon(
@@ -212,11 +216,11 @@ def test_tests_are_grouped_by_the_file_before_the_double_colon(
     assert files == {
         "tests/test_fence.py": {
             "tests": [
-                {"id": TEST_B, "name": "TestOrder::test_sorted"},
-                {"id": TEST_A, "name": "test_release_drops_empty[True]"},
+                {"id": "0", "name": "TestOrder::test_sorted"},
+                {"id": "1", "name": "test_release_drops_empty[True]"},
             ]
         },
-        "tests/test_other.py": {"tests": [{"id": TEST_C, "name": "test_noop"}]},
+        "tests/test_other.py": {"tests": [{"id": "2", "name": "test_noop"}]},
     }
 
 

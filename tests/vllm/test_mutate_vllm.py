@@ -50,7 +50,7 @@ def first_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Res
 def test_every_in_region_mutant_is_judged(first_run) -> None:  # type: ignore[no-untyped-def]
     _, _, result, audit = first_run
     assert result.returncode == 0, result.stderr
-    assert audit["format"] == 2
+    assert audit["format"] == 3
     assert audit["vllm_version"] == "0.33.0"
     mutants = audit["mutants"]
     assert mutants
@@ -64,7 +64,7 @@ def test_every_in_region_mutant_is_judged(first_run) -> None:  # type: ignore[no
             assert mutant["verdict"]
         assert mutant["status"] in {"killed", "survived", "timeout", "no_tests"}, mutant
         if mutant["status"] == "killed":
-            assert mutant["killed_by"] in mutant["covered_by"]
+            assert mutant["killed_by"] in [audit["tests"][i] for i in mutant["covered_by"]]
             assert mutant["failure"]
         assert mutant["diff"].startswith("--- a/scheduler.py")
     tally = audit["regions"][REGION]
