@@ -33,11 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from audit.changes import OUTSIDE
 from audit.errors import ConfigError, ResultsIncomplete
 from audit.report_model import AuditResults, ShardRecord, load_results, tally_of
 from audit.results import score_fields
 from audit.results_schema import LATER_TALLY_FIELDS, TALLY_FIELDS
+from audit.scope import APART
 
 _ONE_RUN = (
     "merge the audit.json of every shard of one run: `fence-audit mutate --shard K/N` "
@@ -90,7 +90,9 @@ def merged_document(given: Sequence[Part]) -> dict[str, Any]:
     del document["shard"]
     document["mutants"] = [records[mutant_id] for mutant_id in run]
     document["equivalents"] = _equivalents(parts)
-    document["score"] = score_fields(*tally_of([m for m in mutants if m.region != OUTSIDE]))
+    # The groups outside every region (--since, --scope file) are scored apart, as
+    # mutate scores them.
+    document["score"] = score_fields(*tally_of([m for m in mutants if m.region not in APART]))
     for name, body in document["regions"].items():
         body.update(score_fields(*tally_of([m for m in mutants if m.region == name])))
     if document.get("since") is not None:

@@ -11,6 +11,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from audit.scope import APART, OUTSIDE_REGIONS
+
 DATA = Path(__file__).parent / "unit" / "data" / "results.json"
 COSTS = "c0" * 32  # the digest of the durations every shard dealt by
 ABSENT = "Fence.register:gone@1:0-1:1#0"  # an equivalents record whose mutant is not in the run
@@ -23,6 +25,19 @@ def whole_run() -> dict[str, Any]:
     document["equivalents"].append(
         {"id": ABSENT, "state": "absent", "reason": "Gone since.", "reviewed": "2026-11-30"}
     )
+    return retally(document)
+
+
+def whole_module() -> dict[str, Any]:
+    """The run at ``--scope file``: the removal region's mutmut mutants fall in the group
+    outside every region, scored apart."""
+    document = whole_run()
+    document["scope"] = "file"
+    removal = document["regions"]["removal"]
+    document["regions"][OUTSIDE_REGIONS] = {**removal, "description": "outside the regions"}
+    for mutant in document["mutants"]:
+        if mutant["region"] == "removal" and mutant["origin"] == "mutmut":
+            mutant["region"] = OUTSIDE_REGIONS
     return retally(document)
 
 
@@ -47,7 +62,7 @@ def retally(document: dict[str, Any]) -> dict[str, Any]:
             ),
         }
 
-    document["score"] = tally(document["mutants"])
+    document["score"] = tally([m for m in document["mutants"] if m["region"] not in APART])
     for name, region in document["regions"].items():
         region.update(tally([m for m in document["mutants"] if m["region"] == name]))
     return document

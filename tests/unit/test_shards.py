@@ -16,7 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from shard_documents import ABSENT, THREE, retally, run_ids, save, split, whole_run
+from shard_documents import (
+    ABSENT,
+    THREE,
+    retally,
+    run_ids,
+    save,
+    split,
+    whole_module,
+    whole_run,
+)
 
 from audit import model
 from audit.cli import main
@@ -24,6 +33,7 @@ from audit.coverage_map import write_coverage_map
 from audit.errors import ConfigError, ExitCode
 from audit.model import Mutant
 from audit.report_model import load_results
+from audit.scope import OUTSIDE_REGIONS
 from audit.shards import Shard, cost, costs_digest, partition, read_costs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -242,6 +252,21 @@ def test_the_merge_of_the_shards_is_the_whole_run(
     index = (tmp_path / "reports" / "index.html").read_text()
     assert 'id="shard"' not in index
     assert load_results(tmp_path / "reports" / "audit.json").shard is None
+
+
+def test_the_merge_of_a_whole_module_s_shards_scores_the_group_apart(tmp_path: Path) -> None:
+    run = whole_module()
+    apart = [m for m in run["mutants"] if m["region"] == OUTSIDE_REGIONS]
+    assert apart
+    assert run["score"]["judged"] < sum(r["judged"] for r in run["regions"].values())
+    paths = save(tmp_path, split(run, THREE))
+    assert merge(tmp_path, paths) == ExitCode.OK
+    merged = json.loads((tmp_path / "reports" / "audit.json").read_text())
+    assert merged["score"] == run["score"]
+    assert merged["regions"] == run["regions"]
+    assert (
+        load_results(tmp_path / "reports" / "audit.json").overall.judged == (run["score"]["judged"])
+    )
 
 
 def test_merge_ends_with_the_gate_as_mutate_does(
