@@ -1,6 +1,8 @@
 """Shards end to end on the toy target (issue 15, item 4): for N = 1, 2 and 4, every
 shard runs its own baseline and judges the mutants dealt to it, as N matrix jobs do,
-and ``fence-audit merge`` of their results equals one unsharded run, status for status.
+and ``fence-audit merge`` of their results equals one unsharded run, status for status;
+at both scopes (``--scope file`` adds the group scored apart, which the merged overall
+score must leave out as ``mutate``'s does).
 
 The pipeline's own stages run (``pipeline.coverage``, ``pipeline.mutate``), with a
 catalogue entry and equivalents records in four states; the installed-vLLM check is
@@ -18,7 +20,7 @@ from typing import Any
 import pytest
 from test_toy_mutation import REGIONS, TOY
 
-from audit import environment, pipeline
+from audit import environment, pipeline, scope
 from audit.catalogue import load_catalogue
 from audit.cli import main
 from audit.config import SuitePath, load_config
@@ -125,11 +127,23 @@ def without_volatile(document: dict[str, Any]) -> dict[str, Any]:
     return kept
 
 
+def whole_module(prepared: pipeline.Prepared) -> pipeline.Prepared:
+    """``prepared`` at ``--scope file``: the group of the code outside every region too."""
+    text = prepared.target.path.read_text()
+    group = scope.outside_regions_group(text, prepared.regions)
+    return dataclasses.replace(prepared, scope=scope.FILE, regions=(*prepared.regions, group))
+
+
+@pytest.mark.parametrize("scoped", [scope.REGIONS, scope.FILE])
 def test_the_merge_of_n_shards_equals_one_unsharded_run(
-    toy: pipeline.Prepared, tmp_path: Path
+    toy: pipeline.Prepared, tmp_path: Path, scoped: str
 ) -> None:
+    if scoped == scope.FILE:  # the group scored apart must stay apart in the merge
+        toy = whole_module(toy)
     whole = json.loads(audit(toy, tmp_path / "whole").read_text())
     statuses = {m["id"]: m["status"] for m in whole["mutants"]}
+    if scoped == scope.FILE:
+        assert scope.OUTSIDE_REGIONS in {m["region"] for m in whole["mutants"]}
     assert {"killed", "timeout", "no_tests", "equivalent"} <= set(statuses.values())
     assert "catalogue:register-null-block-fenced" in statuses
     states = [e["state"] for e in whole["equivalents"]]
