@@ -536,19 +536,18 @@ def _source_table(
         if mutants:
             # The line's tests are listed once, before its mutants, which point to them:
             # at --scope file a line's mutants share hundreds of tests.
+            listed_at = line.number if line.tests else None
             listed = (
-                _test_list(
+                ""
+                if listed_at is None
+                else _test_list(
                     line.tests,
                     f"{len(line.tests)} test{' covers' if len(line.tests) == 1 else 's cover'} "
-                    f"line {line.number}",
-                    f' class="line-tests" id="{_tests_anchor(line.number)}"',
+                    f"line {listed_at}",
+                    f' class="line-tests" id="{_tests_anchor(listed_at)}"',
                 )
-                if line.tests
-                else ""
             )
-            details = "".join(
-                _mutant_details(m, line.number if line.tests else None) for m in mutants
-            )
+            details = "".join(_mutant_details(m, listed_at) for m in mutants)
             rows.append(f'<tr class="mutants"><td colspan="4">{listed}{details}</td></tr>')
     rows.append("</tbody></table>")
     return "\n".join(rows)

@@ -185,7 +185,7 @@ def write_audit(
             for name, tally in tallies.items()
         },
         "tests": test_ids,
-        "source": _source(target, regions, coverage_map, line_coverage, test_ids),
+        "source": _source(target, regions, coverage_map, line_coverage, index),
         "mutants": [
             _mutant(
                 m,
@@ -292,13 +292,13 @@ def _source(
     regions: tuple[Region, ...],
     coverage_map: CoverageMap,
     line_coverage: Mapping[int, str],
-    test_ids: list[str],
+    index: Mapping[str, int],
 ) -> dict[str, Any]:
-    """The region functions' source, line by line, with what the reports show per line."""
+    """The region functions' source, line by line, with what the reports show per line
+    (a line's tests as places in ``tests``: ``index``)."""
     text = target.path.read_text(encoding="utf-8")
     all_lines = text.splitlines()
     tree = ast.parse(text)
-    index = {test_id: i for i, test_id in enumerate(test_ids)}
     region_of = {line: r.name for r in regions for line in r.lines}
     functions = []
     for name in dict.fromkeys(f for r in regions for f in r.functions):
