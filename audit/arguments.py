@@ -247,6 +247,15 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="fetch vLLM's tests for the installed version into the cache",
     )
+    cache_cmd = commands.add_parser(
+        "cache", parents=[common], help="what the cache holds; remove what no run has used"
+    )
+    cache_cmd.add_argument(
+        "--prune",
+        type=whole_number(0),
+        metavar="DAYS",
+        help="remove the entries no run has used for DAYS days (0: every entry)",
+    )
     return parser
 
 

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from audit import cache
 from audit.files import replaced_dir, write_json
 from audit.model import BaselineRun
 from audit.protocol import TestResult, from_json, to_json
@@ -126,6 +127,8 @@ class BaselineCache:
             return None
         if not (cached.coverage.is_file() and cached.log.is_file()):
             return None
+        cache.used(entry)
+        cache.used(self._last(inputs))
         return cached
 
     def save(self, inputs: Mapping[str, str], run: BaselineRun, exit_code: int) -> None:

@@ -9,11 +9,12 @@ import signal
 import sys
 import threading
 import traceback
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
-from audit import catalogue, changes, environment, hermetic, pipeline, shards, sources
+from audit import cache, catalogue, changes, environment, hermetic, pipeline, shards, sources
 from audit import scope as scopes
 from audit.arguments import build_parser
 from audit.config import (
@@ -72,6 +73,9 @@ def run(args: argparse.Namespace) -> ExitCode:
         return merge(config, args)
     if args.command == "catalogue":
         return check_catalogue(config, args.vllm_src, args.release)
+    if args.command == "cache":
+        check_cache_dir(config.cache_dir, config.cache_dir_from)
+        return show_cache(config.cache_dir, args.prune)
     # Every input is checked before the run: a bad one must not cost a download or a baseline.
     gate = thresholds(config, args) if args.command == "mutate" else None
     entries = check_inputs(config, args, gate)
@@ -436,6 +440,40 @@ def merge(config: Config, args: argparse.Namespace) -> ExitCode:
     code = print_gate(pipeline.gate(reported.results, gate, config))
     print_report_and_gate(reported, code)
     return code
+
+
+def show_cache(root: Path, prune_days: int | None) -> ExitCode:
+    """``fence-audit cache``: the cache's entries by kind; with ``--prune``, first
+    remove those no run has used for that many days."""
+    if prune_days is not None:
+        removed = cache.prune(root, prune_days)
+        kinds = Counter(entry.kind for entry in removed)
+        which = ", ".join(f"{kind} {n}" for kind, n in sorted(kinds.items()))
+        days = f"{prune_days} day" if prune_days == 1 else f"{prune_days} days"
+        print(
+            f"fence-audit: pruned {_entries(len(removed))} no run has used for {days}: "
+            f"{cache.megabytes(removed)} MB" + (f" ({which})" if which else "")
+        )
+    held = cache.contents(root)
+    print(
+        f"fence-audit: cache {root}: {_entries(len(held.entries))}, "
+        f"{cache.megabytes(held.entries)} MB"
+    )
+    if held.entries:
+        print()
+        print(cache.format_contents(held.entries))
+    if held.foreign:
+        names = ", ".join(str(p.relative_to(root)) for p in held.foreign[:3])
+        more = f" and {len(held.foreign) - 3} more" if len(held.foreign) > 3 else ""
+        print(
+            f"fence-audit: {len(held.foreign)} paths in the cache are not fence-audit's, "
+            f"left as they are: {names}{more}"
+        )
+    return ExitCode.OK
+
+
+def _entries(n: int) -> str:
+    return f"{n} entry" if n == 1 else f"{n} entries"
 
 
 def print_shard(reported: pipeline.ReportStage) -> None:

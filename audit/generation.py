@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from audit import cache
 from audit.protocol import LineEdit
 from audit.regions import find_function
 from audit.regions import first_line as text_start
@@ -86,7 +87,9 @@ def _function_mutations(qualname: str, text: str, cache_dir: Path | None) -> lis
     path = cache_dir / f"{key}.json" if cache_dir is not None else None
     if path is not None and path.is_file():
         try:
-            return [_from_json(record) for record in json.loads(path.read_text())]
+            made = [_from_json(record) for record in json.loads(path.read_text())]
+            cache.used(path)
+            return made
         except (OSError, ValueError, KeyError, TypeError):
             pass  # damaged: made again below, and rewritten
     # A method is parsed under a bare header of its class: line 2 is its first line.

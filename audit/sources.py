@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from audit import cache
 from audit.environment import module_relpath, sha256_file
 from audit.errors import ConfigError, SourceIntegrityError, SourceUnavailable
 from audit.files import replaced_dir, write_text
@@ -75,6 +76,8 @@ def sdist_tests(version: str, *, index_url: str, cache_dir: Path) -> TestSource:
     if (tree / MARKER).is_file() and digest_file.is_file():
         digest = digest_file.read_text().strip()
         if (tree / MARKER).read_text().strip() == digest:
+            for entry in (tree, archive, digest_file):
+                cache.used(entry)
             origin = f"sdist {filename} (sha256 {digest[:12]}, cached)"
             return TestSource(tree, origin, identity=f"sdist {filename} sha256 {digest}")
     digest = sdist_archive(version, index_url=index_url, cache_dir=cache_dir)
@@ -92,6 +95,8 @@ def sdist_archive(version: str, *, index_url: str, cache_dir: Path) -> str:
     digest = digest_file.read_text().strip() if digest_file.is_file() else ""
     found = sha256_file(archive) if digest and archive.is_file() else ""
     if found and found == digest:
+        cache.used(archive)
+        cache.used(digest_file)
         return digest
     try:  # none cached, or damaged (truncated): fetch it again
         url, digest = _find_on_index(index_url, filename, cache_dir)
@@ -122,6 +127,8 @@ def sdist_module(version: str, module: str, *, index_url: str, cache_dir: Path) 
     stamp = kept.with_name(kept.name + ".sha256")
     fresh = kept.is_file() and stamp.is_file() and digest_file.is_file()
     if fresh and stamp.read_text().strip() == digest_file.read_text().strip():
+        cache.used(cache_dir / "modules" / f"vllm-{version}")
+        cache.used(digest_file)
         return kept.read_text(encoding="utf-8")
     digest = sdist_archive(version, index_url=index_url, cache_dir=cache_dir)
     archive = cache_dir / "sdist" / f"vllm-{version}.tar.gz"

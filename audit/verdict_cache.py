@@ -18,6 +18,7 @@ import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from audit import cache
 from audit.model import Mutant, MutantResult
 from audit.protocol import MutantStatus, ProtocolError, Verdict, load_verdict
 
@@ -74,6 +75,7 @@ class VerdictCache:
         if verdict is None:
             self.forget(key)
             return None
+        cache.used(self.path(key))
         return _result(mutant_id, verdict, cached=True)
 
     def forget(self, key: str) -> None:

@@ -1,0 +1,187 @@
+"""The cache folder: what fence-audit keeps there, when a run last used it, and pruning.
+
+Every run adds to the cache: a verdict per mutant judged, a baseline per change of
+the audited source or the suite, a release's sdist and tests. Nothing there is ever
+wrong to keep (each entry is keyed by all it depends on), so nothing leaves on its
+own, and a cache that CI restores and saves on every pull request grows with every
+one of them. ``fence-audit cache`` shows it; ``fence-audit cache --prune DAYS``
+removes the entries no run has used for DAYS days.
+
+"Used" is each entry's modification time: a run sets it when it reads an entry
+(:func:`used`), and writing one sets it too. Pruning removes only what fence-audit
+writes, named as it names it (:data:`KINDS`); any other file in the cache folder is
+left and counted. The private homes of the test process (``hf-home``,
+``vllm-home``) are small and made again on every run: they are left too. An entry
+pruned is only work to do again: the next run that needs it judges, runs or
+downloads it afresh.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+DAY_S = 86_400.0
+_HEX32 = r"[0-9a-f]{32}"
+_RELEASE = r"vllm-[0-9A-Za-z.+_-]+"
+
+
+@dataclass(frozen=True, slots=True)
+class Kind:
+    """A kind of entry: the folder it lives in and the names fence-audit gives it."""
+
+    name: str
+    folder: str
+    pattern: str  # an entry's name in the folder, matched whole
+    # a file that goes with an entry: its name is the entry's and this suffix
+    companion: str = ""
+
+
+KINDS = (
+    Kind("verdicts", "results", rf"{_HEX32}\.json"),  # a mutant's
+    Kind("mutations", "mutations", rf"{_HEX32}\.json"),  # one function's, as generated
+    # a green baseline; the inputs of a selection's newest
+    Kind("baselines", "baselines", rf"{_HEX32}|last-[0-9a-f]{{16}}\.json"),
+    Kind("sdists", "sdist", rf"{_RELEASE}\.tar\.gz", companion=".sha256"),  # and its digest
+    Kind("tests", "tests", _RELEASE),  # a release's, extracted
+    Kind("modules", "modules", _RELEASE),  # a release's audited module, extracted
+)
+KEPT = ("hf-home", "vllm-home", "schemas")  # left as they are: see the module's docstring
+# What a run killed mid-way leaves beside an entry: the temporary files of
+# ``write_text``, the generator and the verdicts, ``replaced_dir``'s staging folders,
+# the forced-fail check's verdict (audit.jobs.forced_failure).
+LEFTOVERS = "leftovers"
+_LEFTOVER = re.compile(r"\..+(\.tmp|\.part-[A-Za-z0-9_]+)|forced-fail-[0-9a-f]{32}\.json")
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    kind: str
+    path: Path
+    size: int  # bytes, a folder's whole contents, its companion's too
+    used: float  # seconds since the epoch
+    companion: Path | None = None  # removed with it
+
+
+@dataclass(frozen=True, slots=True)
+class Contents:
+    entries: tuple[Entry, ...]
+    foreign: tuple[Path, ...]  # not fence-audit's names: never removed
+
+
+def used(path: Path) -> None:
+    """Note that a run used ``path`` (an entry: a file, or a folder itself), so that
+    pruning keeps it. A cache fence-audit may not stamp is still read."""
+    with contextlib.suppress(OSError):
+        os.utime(path)
+
+
+def contents(root: Path) -> Contents:
+    """Every entry in the cache folder ``root``, and what is there that is not one."""
+    entries: list[Entry] = []
+    foreign: list[Path] = []
+    known = {kind.folder: kind for kind in KINDS}
+    for top in _listing(root):
+        kind = known.get(top.name)
+        if top.name in KEPT:
+            continue
+        if kind is None or not top.is_dir() or top.is_symlink():
+            foreign.append(top)
+            continue
+        names = {path.name for path in _listing(top)}
+        for path in _listing(top):
+            main = path.name.removesuffix(kind.companion) if kind.companion else ""
+            if main != path.name and main in names and re.fullmatch(kind.pattern, main):
+                continue  # counted with its entry
+            name = (
+                LEFTOVERS
+                if _LEFTOVER.fullmatch(path.name)
+                else kind.name
+                if re.fullmatch(kind.pattern, path.name)
+                else None
+            )
+            if name is None or path.is_symlink():
+                foreign.append(path)
+                continue
+            companion = path.with_name(path.name + kind.companion) if kind.companion else None
+            if companion is not None and companion.name not in names:
+                companion = None
+            size = _size(path) + (_size(companion) if companion else 0)
+            entries.append(Entry(name, path, size, path.lstat().st_mtime, companion))
+    return Contents(tuple(entries), tuple(foreign))
+
+
+def prune(root: Path, days: float, *, now: float | None = None) -> tuple[Entry, ...]:
+    """Remove the entries of ``root`` no run has used for ``days`` days; return them.
+
+    Each entry's time is read again just before it goes: one a run used meanwhile
+    stays."""
+    cutoff = (time.time() if now is None else now) - days * DAY_S
+    removed = []
+    for entry in contents(root).entries:
+        try:
+            if entry.path.lstat().st_mtime >= cutoff:
+                continue
+        except FileNotFoundError:
+            continue  # gone meanwhile
+        if entry.path.is_dir():
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            entry.path.unlink(missing_ok=True)
+        if entry.companion is not None:
+            entry.companion.unlink(missing_ok=True)
+        removed.append(entry)
+    return tuple(removed)
+
+
+def megabytes(entries: Iterable[Entry]) -> str:
+    return f"{sum(entry.size for entry in entries) / 1e6:.1f}"
+
+
+def format_contents(entries: Iterable[Entry]) -> str:
+    """A line per kind: its entries, their size, and the days they were last used."""
+    by_kind: dict[str, list[Entry]] = {}
+    for entry in entries:
+        by_kind.setdefault(entry.kind, []).append(entry)
+    order = [kind.name for kind in KINDS] + [LEFTOVERS]
+    rows = [("kind", "entries", "MB", "least recently used", "most recently used")]
+    for name in (n for n in order if n in by_kind):
+        group = by_kind[name]
+        times = [entry.used for entry in group]
+        rows.append((name, str(len(group)), megabytes(group), _day(min(times)), _day(max(times))))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(
+            cell.rjust(width) if 0 < i < 3 else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in rows
+    )
+
+
+def _day(seconds: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.gmtime(seconds)) + " UTC"
+
+
+def _listing(folder: Path) -> Iterator[Path]:
+    try:
+        yield from sorted(folder.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return
+
+
+def _size(path: Path) -> int:
+    if not path.is_dir():
+        return path.lstat().st_size
+    total = 0
+    for parent, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(parent, name)).st_size  # noqa: PTH118
+    return total
