@@ -148,6 +148,16 @@ def merge(session: nox.Session) -> None:
 
 
 @nox.session(venv_backend="none", default=False)
+def cache(session: nox.Session) -> None:
+    """What fence-audit's cache holds: `nox -s cache -- [--prune DAYS]`.
+
+    With --prune, first remove the entries (verdicts, baselines, generated mutations,
+    releases' sdists and tests) that no run has used for DAYS days.
+    """
+    fence_audit(session, "cache")
+
+
+@nox.session(venv_backend="none", default=False)
 def coverage(session: nox.Session) -> None:
     """Run the fence suite under per-test coverage and print the region table."""
     fence_audit(session, "coverage")

@@ -6,8 +6,8 @@
 #   src        the vLLM checkout, absolute (nox runs from fence-audit's own folder)
 #   base       the base commit, as a sha
 #   reports    the reports folder, absolute, under $RUNNER_TEMP
-# Inputs, from the environment: BASE, VLLM_VERSION, VLLM_SRC, COMMENT, PY (Python 3.11),
-# GITHUB_ACTION_PATH (fence-audit's folder).
+# Inputs, from the environment: BASE, VLLM_VERSION, VLLM_SRC, COMMENT, CACHE_DAYS,
+# PY (Python 3.11), GITHUB_ACTION_PATH (fence-audit's folder).
 set -euo pipefail
 
 fail() {
@@ -19,6 +19,10 @@ case "${COMMENT:-true}" in
   true | false) ;;
   *) fail "input comment must be true or false, not '$COMMENT'" ;;
 esac
+
+if ! [[ "${CACHE_DAYS:-30}" =~ ^[0-9]+$ ]]; then
+  fail "input cache-days must be a whole number of days, not '$CACHE_DAYS'"
+fi
 
 if [ -z "${BASE:-}" ]; then
   fail "input base is empty: outside a pull_request event, pass the commit to diff against"

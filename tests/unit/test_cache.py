@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from audit import cache, generation
-from audit.cli import main
 from audit.baseline_cache import BaselineCache, key_of
+from audit.cli import main
 from audit.protocol import MutantStatus, Verdict, save_verdict
 from audit.sources import MARKER, sdist_tests
 from audit.verdict_cache import TestHasher, VerdictCache
@@ -260,6 +260,7 @@ def test_a_bad_argument_is_one_line_and_exit_1(
     before = sorted(filled.rglob("*"))
     assert fence_audit(tmp_path, "--cache-dir", str(filled), *args) == 1
     err = capsys.readouterr().err
-    assert err.startswith("fence-audit: ") and "Traceback" not in err, err
+    assert err.startswith("fence-audit: "), err
+    assert "Traceback" not in err
     assert said.replace("FILE", str(a_file)) in err.splitlines()[0], err
     assert sorted(filled.rglob("*")) == before

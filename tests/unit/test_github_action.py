@@ -266,6 +266,8 @@ def test_a_base_given_as_a_branch_only_the_remote_has_becomes_its_sha(
         ({"VLLM_VERSION": "9.9.9"}, "no lock for vLLM 9.9.9"),
         ({"VLLM_VERSION": "0.33.0; touch pwned"}, "is not a version"),
         ({"COMMENT": "yes"}, "comment must be true or false"),
+        ({"CACHE_DAYS": "a month"}, "cache-days must be a whole number of days"),
+        ({"CACHE_DAYS": "-1"}, "cache-days must be a whole number of days"),
         ({"BASE": ""}, "input base is empty"),
         ({"VLLM_SRC": "missing"}, "is not a folder"),
         ({"VLLM_SRC": "plain"}, "is not a git checkout"),
