@@ -54,10 +54,11 @@ KINDS = (
 )
 KEPT = ("hf-home", "vllm-home", "schemas")  # left as they are: see the module's docstring
 # What a run killed mid-way leaves beside an entry: the temporary files of
-# ``write_text``, the generator and the verdicts, ``replaced_dir``'s staging folders,
-# the forced-fail check's verdict (audit.jobs.forced_failure).
+# ``write_text``, the generator and the verdicts, a download's ``.part`` file,
+# ``replaced_dir``'s staging folders, the forced-fail check's verdict
+# (audit.jobs.forced_failure).
 LEFTOVERS = "leftovers"
-_LEFTOVER = re.compile(r"\..+(\.tmp|\.part-[A-Za-z0-9_]+)|forced-fail-[0-9a-f]{32}\.json")
+_LEFTOVER = re.compile(r"\..+(\.tmp|\.part|\.part-[A-Za-z0-9_]+)|forced-fail-[0-9a-f]{32}\.json")
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,14 +118,20 @@ def contents(root: Path) -> Contents:
     return Contents(tuple(entries), tuple(foreign))
 
 
-def prune(root: Path, days: float, *, now: float | None = None) -> tuple[Entry, ...]:
-    """Remove the entries of ``root`` no run has used for ``days`` days; return them.
+def prune(
+    root: Path, days: float, *, now: float | None = None, kinds: Iterable[str] | None = None
+) -> tuple[Entry, ...]:
+    """Remove the entries of ``root`` (of ``kinds`` only, if given) no run has used for
+    ``days`` days before ``now``; return them.
 
     Each entry's time is read again just before it goes: one a run used meanwhile
     stays."""
     cutoff = (time.time() if now is None else now) - days * DAY_S
+    chosen = None if kinds is None else frozenset(kinds)
     removed = []
     for entry in contents(root).entries:
+        if chosen is not None and entry.kind not in chosen:
+            continue
         try:
             if entry.path.lstat().st_mtime >= cutoff:
                 continue

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -14,6 +17,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fake_index import FakeIndex
 
 ROOT = Path(__file__).resolve().parents[1]
+# The cache of the fence-audit runs these tests start, apart from the user's (see
+# pytest_configure); $FENCE_AUDIT_CACHE, when set, is used instead.
+TEST_CACHE = ROOT / ".pytest_cache" / "fence-audit" / "cache"
+# Of its entries, those a test run makes for itself (keyed by its temporary folders,
+# mostly): what the session did not use goes when it ends. Downloads stay.
+SESSION_KINDS = ("verdicts", "mutations", "baselines", "leftovers")
+_STARTED = pytest.StashKey[float]()
 
 
 @pytest.fixture
@@ -45,6 +55,41 @@ def pytest_configure(config: pytest.Config) -> None:
     Python's own handler again."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if not os.environ.get("FENCE_AUDIT_CACHE"):
+        config.stash[_STARTED] = time.time()
+        _seed(TEST_CACHE)
+        os.environ["FENCE_AUDIT_CACHE"] = str(TEST_CACHE)
+
+
+def _seed(cache: Path) -> None:
+    """The tests' cache gets the downloads the user's cache already holds (vLLM's
+    sdists with their digests, Stryker's schema), copied: nothing is written there,
+    and nothing is fetched twice. Baselines and verdicts made by the tests' runs stay
+    out of the user's cache, where they were never read again and misled a later
+    audit's "why the baseline ran again"."""
+    from audit.config import default_cache_dir
+
+    user = default_cache_dir()
+    wanted = [*sorted((user / "sdist").glob("vllm-*.tar.gz")), *(user / "schemas").glob("*")]
+    for found in wanted:
+        digest = found.with_name(found.name + ".sha256")
+        for path in (found, digest) if digest.is_file() else (found,):
+            mine = cache / path.relative_to(user)
+            if path.is_file() and not mine.exists():
+                mine.parent.mkdir(parents=True, exist_ok=True)
+                partial = mine.with_name(f".{mine.name}.seed.tmp")
+                shutil.copyfile(path, partial)
+                partial.replace(mine)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """What the tests' runs made in their cache and this session did not use goes
+    (fence-audit's own prune): the cache does not grow with every session."""
+    started = config.stash.get(_STARTED, None)
+    if started is not None:
+        from audit import cache
+
+        cache.prune(TEST_CACHE, 0, now=started, kinds=SESSION_KINDS)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -55,6 +55,7 @@ def filled(tmp_path: Path) -> Path:
         folder(root / "tests" / "vllm-0.33.0", "conftest.py", MARKER),
         folder(root / "modules" / "vllm-0.32.0", "vllm/scheduler.py"),
         write(root / "results" / f".{KEY}.4242.tmp"),
+        write(root / "sdist" / ".vllm-0.33.0.tar.gz.x1y_2.part"),
         folder(root / "baselines" / f".{KEY}.part-abc_12", "baseline.log"),
         folder(root / "hf-home", "hub/x"),
         write(root / "results" / "notes.txt", "mine"),
@@ -75,6 +76,7 @@ def test_the_entries_are_listed_by_kind_and_the_rest_is_foreign(filled: Path) ->
         ("baselines", "baselines/last-0123456789abcdef.json"),
         ("leftovers", f"baselines/.{KEY}.part-abc_12"),
         ("leftovers", f"results/.{KEY}.4242.tmp"),
+        ("leftovers", "sdist/.vllm-0.33.0.tar.gz.x1y_2.part"),
         ("modules", "modules/vllm-0.32.0"),
         ("mutations", f"mutations/{KEY}.json"),
         ("sdists", "sdist/vllm-0.33.0.tar.gz"),
@@ -96,7 +98,7 @@ def test_the_entries_are_listed_by_kind_and_the_rest_is_foreign(filled: Path) ->
 
 def test_prune_removes_the_entries_unused_for_the_days_and_nothing_else(filled: Path) -> None:
     removed = cache.prune(filled, 30, now=NOW)
-    assert len(removed) == 9
+    assert len(removed) == 10
     left = sorted(str(p.relative_to(filled)) for p in filled.rglob("*"))
     assert left == [
         "baselines",
@@ -119,6 +121,12 @@ def test_prune_removes_the_entries_unused_for_the_days_and_nothing_else(filled: 
 def test_prune_keeps_what_was_used_within_the_days(filled: Path) -> None:
     assert cache.prune(filled, 41, now=NOW) == ()
     assert [e.kind for e in cache.prune(filled, 2, now=NOW)].count("verdicts") == 1
+
+
+def test_prune_can_keep_to_some_kinds(filled: Path) -> None:
+    removed = cache.prune(filled, 30, now=NOW, kinds=("verdicts", "leftovers"))
+    assert sorted(e.kind for e in removed) == ["leftovers"] * 3 + ["verdicts"]
+    assert (filled / "sdist" / "vllm-0.33.0.tar.gz").is_file()
 
 
 def test_prune_keeps_an_entry_used_after_the_listing(
@@ -222,8 +230,8 @@ def test_the_command_prunes_then_lists_and_names_what_it_left(
     assert fence_audit(tmp_path, "--cache-dir", str(filled), "--prune", "30") == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == (
-        "fence-audit: pruned 9 entries no run has used for 30 days: 0.0 MB (baselines 2, "
-        "leftovers 2, modules 1, mutations 1, sdists 1, tests 1, verdicts 1)"
+        "fence-audit: pruned 10 entries no run has used for 30 days: 0.0 MB (baselines 2, "
+        "leftovers 3, modules 1, mutations 1, sdists 1, tests 1, verdicts 1)"
     )
     assert out[1] == f"fence-audit: cache {filled}: 1 entry, 0.0 MB"
     assert out[3].split()[:2] == ["kind", "entries"]
@@ -240,7 +248,7 @@ def test_without_prune_the_command_removes_nothing(
 ) -> None:
     before = sorted(filled.rglob("*"))
     assert fence_audit(tmp_path, "--cache-dir", str(filled)) == 0
-    assert capsys.readouterr().out.startswith(f"fence-audit: cache {filled}: 10 entries")
+    assert capsys.readouterr().out.startswith(f"fence-audit: cache {filled}: 11 entries")
     assert sorted(filled.rglob("*")) == before
 
 
