@@ -97,16 +97,9 @@ def contents(root: Path) -> Contents:
             continue
         names = {path.name for path in _listing(top)}
         for path in _listing(top):
-            main = path.name.removesuffix(kind.companion) if kind.companion else ""
-            if main != path.name and main in names and re.fullmatch(kind.pattern, main):
+            if _is_companion(path.name, kind) and _main_name(path.name, kind) in names:
                 continue  # counted with its entry
-            name = (
-                LEFTOVERS
-                if _LEFTOVER.fullmatch(path.name)
-                else kind.name
-                if re.fullmatch(kind.pattern, path.name)
-                else None
-            )
+            name = _kind_of(path.name, kind)
             if name is None or path.is_symlink():
                 foreign.append(path)
                 continue
@@ -116,6 +109,25 @@ def contents(root: Path) -> Contents:
             size = _size(path) + (_size(companion) if companion else 0)
             entries.append(Entry(name, path, size, path.lstat().st_mtime, companion))
     return Contents(tuple(entries), tuple(foreign))
+
+
+def _kind_of(name: str, kind: Kind) -> str | None:
+    """What ``name``, in ``kind``'s folder, is: a leftover, an entry of ``kind`` (or
+    a companion whose entry is gone), or None: not fence-audit's."""
+    if _LEFTOVER.fullmatch(name):
+        return LEFTOVERS
+    if re.fullmatch(kind.pattern, name) or _is_companion(name, kind):
+        return kind.name
+    return None
+
+
+def _is_companion(name: str, kind: Kind) -> bool:
+    return bool(kind.companion) and re.fullmatch(kind.pattern, _main_name(name, kind)) is not None
+
+
+def _main_name(name: str, kind: Kind) -> str:
+    """The name of the entry ``name`` would be the companion of."""
+    return name.removesuffix(kind.companion) if name.endswith(kind.companion) else ""
 
 
 def prune(

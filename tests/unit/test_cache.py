@@ -52,6 +52,7 @@ def filled(tmp_path: Path) -> Path:
         write(root / "baselines" / "last-0123456789abcdef.json"),
         write(root / "sdist" / "vllm-0.33.0.tar.gz", "a" * 100),
         write(root / "sdist" / "vllm-0.33.0.tar.gz.sha256", "b" * 65),
+        write(root / "sdist" / "vllm-0.32.0.tar.gz.sha256", "c" * 65),  # its archive gone
         folder(root / "tests" / "vllm-0.33.0", "conftest.py", MARKER),
         folder(root / "modules" / "vllm-0.32.0", "vllm/scheduler.py"),
         write(root / "results" / f".{KEY}.4242.tmp"),
@@ -79,12 +80,13 @@ def test_the_entries_are_listed_by_kind_and_the_rest_is_foreign(filled: Path) ->
         ("leftovers", "sdist/.vllm-0.33.0.tar.gz.x1y_2.part"),
         ("modules", "modules/vllm-0.32.0"),
         ("mutations", f"mutations/{KEY}.json"),
+        ("sdists", "sdist/vllm-0.32.0.tar.gz.sha256"),
         ("sdists", "sdist/vllm-0.33.0.tar.gz"),
         ("tests", "tests/vllm-0.33.0"),
         ("verdicts", f"results/{KEY}.json"),
         ("verdicts", f"results/{'f' * 32}.json"),
     ]
-    sdist = next(e for e in held.entries if e.kind == "sdists")
+    sdist = next(e for e in held.entries if e.path.name == "vllm-0.33.0.tar.gz")
     assert sdist.size == 165  # with its digest
     assert sorted(str(p.relative_to(filled)) for p in held.foreign) == [
         "elsewhere",
@@ -98,7 +100,7 @@ def test_the_entries_are_listed_by_kind_and_the_rest_is_foreign(filled: Path) ->
 
 def test_prune_removes_the_entries_unused_for_the_days_and_nothing_else(filled: Path) -> None:
     removed = cache.prune(filled, 30, now=NOW)
-    assert len(removed) == 10
+    assert len(removed) == 11
     left = sorted(str(p.relative_to(filled)) for p in filled.rglob("*"))
     assert left == [
         "baselines",
@@ -230,8 +232,8 @@ def test_the_command_prunes_then_lists_and_names_what_it_left(
     assert fence_audit(tmp_path, "--cache-dir", str(filled), "--prune", "30") == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == (
-        "fence-audit: pruned 10 entries no run has used for 30 days: 0.0 MB (baselines 2, "
-        "leftovers 3, modules 1, mutations 1, sdists 1, tests 1, verdicts 1)"
+        "fence-audit: pruned 11 entries no run has used for 30 days: 0.0 MB (baselines 2, "
+        "leftovers 3, modules 1, mutations 1, sdists 2, tests 1, verdicts 1)"
     )
     assert out[1] == f"fence-audit: cache {filled}: 1 entry, 0.0 MB"
     assert out[3].split()[:2] == ["kind", "entries"]
@@ -248,7 +250,7 @@ def test_without_prune_the_command_removes_nothing(
 ) -> None:
     before = sorted(filled.rglob("*"))
     assert fence_audit(tmp_path, "--cache-dir", str(filled)) == 0
-    assert capsys.readouterr().out.startswith(f"fence-audit: cache {filled}: 11 entries")
+    assert capsys.readouterr().out.startswith(f"fence-audit: cache {filled}: 12 entries")
     assert sorted(filled.rglob("*")) == before
 
 
