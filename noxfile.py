@@ -149,10 +149,11 @@ def merge(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none", default=False)
 def cache(session: nox.Session) -> None:
-    """What fence-audit's cache holds: `nox -s cache -- [--prune DAYS]`.
+    """What fence-audit's cache holds: `nox -s cache -- [--prune DAYS] [--max-mb MB]`.
 
     With --prune, first remove the entries (verdicts, baselines, generated mutations,
-    releases' sdists and tests) that no run has used for DAYS days.
+    releases' sdists and tests) that no run has used for DAYS days; with --max-mb,
+    then the least recently used until the cache holds at most MB megabytes.
     """
     fence_audit(session, "cache")
 

@@ -247,6 +247,12 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="fetch vLLM's tests for the installed version into the cache",
     )
+    add_cache_command(commands, common)
+    return parser
+
+
+def add_cache_command(commands: argparse._SubParsersAction[Parser], common: Parser) -> None:
+    """``fence-audit cache [--prune DAYS] [--max-mb MB]``."""
     cache_cmd = commands.add_parser(
         "cache", parents=[common], help="what the cache holds; remove what no run has used"
     )
@@ -256,7 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DAYS",
         help="remove the entries no run has used for DAYS days (0: every entry)",
     )
-    return parser
+    cache_cmd.add_argument(
+        "--max-mb",
+        type=whole_number(0),
+        metavar="MB",
+        help="then remove the least recently used entries until the cache holds at most MB",
+    )
 
 
 def add_gate_options(parser: argparse.ArgumentParser) -> None:

@@ -131,22 +131,36 @@ def _main_name(name: str, kind: Kind) -> str:
 
 
 def prune(
-    root: Path, days: float, *, now: float | None = None, kinds: Iterable[str] | None = None
+    root: Path,
+    days: float | None = None,
+    *,
+    max_bytes: int | None = None,
+    now: float | None = None,
+    kinds: Iterable[str] | None = None,
 ) -> tuple[Entry, ...]:
-    """Remove the entries of ``root`` (of ``kinds`` only, if given) no run has used for
-    ``days`` days before ``now``; return them.
+    """Remove the entries of ``root`` (of ``kinds`` only, if given) that no run has used
+    for ``days`` days before ``now``; then, while those left hold more than
+    ``max_bytes``, the least recently used. Return what went, oldest first.
 
-    Each entry's time is read again just before it goes: one a run used meanwhile
-    stays."""
-    cutoff = (time.time() if now is None else now) - days * DAY_S
-    chosen = None if kinds is None else frozenset(kinds)
+    Each entry's time is read again just before it goes: one a run used since the
+    listing stays."""
+    chosen = [e for e in contents(root).entries if kinds is None or e.kind in set(kinds)]
+    chosen.sort(key=lambda entry: (entry.used, str(entry.path)))
+    cutoff = (time.time() if now is None else now) - days * DAY_S if days is not None else None
+    doomed = [e for e in chosen if cutoff is not None and e.used < cutoff]
+    if max_bytes is not None:
+        left = chosen[len(doomed) :]  # sorted: the old ones come first
+        held = sum(entry.size for entry in left)
+        for entry in left:
+            if held <= max_bytes:
+                break
+            doomed.append(entry)
+            held -= entry.size
     removed = []
-    for entry in contents(root).entries:
-        if chosen is not None and entry.kind not in chosen:
-            continue
+    for entry in doomed:
         try:
-            if entry.path.lstat().st_mtime >= cutoff:
-                continue
+            if entry.path.lstat().st_mtime != entry.used:
+                continue  # used meanwhile
         except FileNotFoundError:
             continue  # gone meanwhile
         if entry.path.is_dir():

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> ExitCode:
         return check_catalogue(config, args.vllm_src, args.release)
     if args.command == "cache":
         check_cache_dir(config.cache_dir, config.cache_dir_from)
-        return show_cache(config.cache_dir, args.prune)
+        return show_cache(config.cache_dir, args.prune, args.max_mb)
     # Every input is checked before the run: a bad one must not cost a download or a baseline.
     gate = thresholds(config, args) if args.command == "mutate" else None
     entries = check_inputs(config, args, gate)
@@ -442,16 +442,23 @@ def merge(config: Config, args: argparse.Namespace) -> ExitCode:
     return code
 
 
-def show_cache(root: Path, prune_days: int | None) -> ExitCode:
-    """``fence-audit cache``: the cache's entries by kind; with ``--prune``, first
-    remove those no run has used for that many days."""
-    if prune_days is not None:
-        removed = cache.prune(root, prune_days)
+def show_cache(root: Path, prune_days: int | None, max_mb: int | None) -> ExitCode:
+    """``fence-audit cache``: the cache's entries by kind; with ``--prune`` or
+    ``--max-mb``, first remove those no run has used for that many days, then the
+    least recently used until the cache holds at most that many megabytes."""
+    if prune_days is not None or max_mb is not None:
+        max_bytes = None if max_mb is None else max_mb * 1_000_000
+        removed = cache.prune(root, prune_days, max_bytes=max_bytes)
         kinds = Counter(entry.kind for entry in removed)
         which = ", ".join(f"{kind} {n}" for kind, n in sorted(kinds.items()))
-        days = f"{prune_days} day" if prune_days == 1 else f"{prune_days} days"
+        why = []
+        if prune_days is not None:
+            days = f"{prune_days} day" if prune_days == 1 else f"{prune_days} days"
+            why.append(f"no run has used for {days}")
+        if max_mb is not None:
+            why.append(f"least recently used beyond {max_mb} MB")
         print(
-            f"fence-audit: pruned {_entries(len(removed))} no run has used for {days}: "
+            f"fence-audit: pruned {_entries(len(removed))} ({' or '.join(why)}): "
             f"{cache.megabytes(removed)} MB" + (f" ({which})" if which else "")
         )
     held = cache.contents(root)

@@ -7,7 +7,7 @@
 #   base       the base commit, as a sha
 #   reports    the reports folder, absolute, under $RUNNER_TEMP
 # Inputs, from the environment: BASE, VLLM_VERSION, VLLM_SRC, COMMENT, CACHE_DAYS,
-# PY (Python 3.11), GITHUB_ACTION_PATH (fence-audit's folder).
+# CACHE_MAX_MB, PY (Python 3.11), GITHUB_ACTION_PATH (fence-audit's folder).
 set -euo pipefail
 
 fail() {
@@ -22,6 +22,9 @@ esac
 
 if ! [[ "${CACHE_DAYS:-30}" =~ ^[0-9]+$ ]]; then
   fail "input cache-days must be a whole number of days, not '$CACHE_DAYS'"
+fi
+if ! [[ "${CACHE_MAX_MB:-1000}" =~ ^[0-9]+$ ]]; then
+  fail "input cache-max-mb must be a whole number of megabytes, not '$CACHE_MAX_MB'"
 fi
 
 if [ -z "${BASE:-}" ]; then

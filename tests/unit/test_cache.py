@@ -131,14 +131,28 @@ def test_prune_can_keep_to_some_kinds(filled: Path) -> None:
     assert (filled / "sdist" / "vllm-0.33.0.tar.gz").is_file()
 
 
+def test_a_size_budget_removes_the_least_recently_used_first(filled: Path) -> None:
+    # Every entry 40 days old but the fresh verdict (2 bytes); the sdist, the largest,
+    # 10 days old.
+    sizes = {e.path.name: e.size for e in cache.contents(filled).entries}
+    aged(filled / "sdist" / "vllm-0.33.0.tar.gz", 10)  # used more lately than the rest
+    total = sum(sizes.values())
+    removed = cache.prune(filled, max_bytes=sizes["vllm-0.33.0.tar.gz"] + 2, now=NOW)
+    assert [e.path.name for e in removed][-1] != "vllm-0.33.0.tar.gz"
+    left = {e.path.name: e.size for e in cache.contents(filled).entries}
+    assert set(left) == {"vllm-0.33.0.tar.gz", f"{'f' * 32}.json"}
+    assert sum(left.values()) <= sizes["vllm-0.33.0.tar.gz"] + 2 < total
+    assert cache.prune(filled, max_bytes=10**6, now=NOW) == ()
+
+
 def test_prune_keeps_an_entry_used_after_the_listing(
     filled: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A run that uses an entry while the prune runs keeps it: its time is read again
     just before it would go."""
-    listed = cache.contents(filled)
-    for entry in listed.entries:
+    for entry in cache.contents(filled).entries:
         aged(entry.path, 40, now=time.time())
+    listed = cache.contents(filled)
     cache.used(filled / "results" / f"{KEY}.json")
     monkeypatch.setattr(cache, "contents", lambda root: listed)
     removed = cache.prune(filled, 30)
@@ -232,7 +246,7 @@ def test_the_command_prunes_then_lists_and_names_what_it_left(
     assert fence_audit(tmp_path, "--cache-dir", str(filled), "--prune", "30") == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == (
-        "fence-audit: pruned 11 entries no run has used for 30 days: 0.0 MB (baselines 2, "
+        "fence-audit: pruned 11 entries (no run has used for 30 days): 0.0 MB (baselines 2, "
         "leftovers 3, modules 1, mutations 1, sdists 2, tests 1, verdicts 1)"
     )
     assert out[1] == f"fence-audit: cache {filled}: 1 entry, 0.0 MB"
@@ -243,6 +257,18 @@ def test_the_command_prunes_then_lists_and_names_what_it_left(
         "elsewhere, mine.txt, results/notes.txt"
     )
     assert (filled / "mine.txt").is_file()
+
+
+def test_the_command_keeps_the_cache_under_a_size(
+    filled: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert fence_audit(tmp_path, "--cache-dir", str(filled), "--prune", "30", "--max-mb", "0") == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(
+        "fence-audit: pruned 12 entries (no run has used for 30 days or least recently used "
+        "beyond 0 MB): 0.0 MB"
+    )
+    assert out[1] == f"fence-audit: cache {filled}: 0 entries, 0.0 MB"
 
 
 def test_without_prune_the_command_removes_nothing(
@@ -259,6 +285,7 @@ def test_without_prune_the_command_removes_nothing(
     [
         (["--prune", "-1"], "argument --prune: must be at least 0, not -1"),
         (["--prune", "a week"], "argument --prune: 'a week' is not a whole number"),
+        (["--max-mb", "1.5"], "argument --max-mb: '1.5' is not a whole number"),
         (["--cache-dir", "FILE"], "the cache folder FILE is a file"),
     ],
 )

@@ -268,6 +268,7 @@ def test_a_base_given_as_a_branch_only_the_remote_has_becomes_its_sha(
         ({"COMMENT": "yes"}, "comment must be true or false"),
         ({"CACHE_DAYS": "a month"}, "cache-days must be a whole number of days"),
         ({"CACHE_DAYS": "-1"}, "cache-days must be a whole number of days"),
+        ({"CACHE_MAX_MB": "1 GB"}, "cache-max-mb must be a whole number of megabytes"),
         ({"BASE": ""}, "input base is empty"),
         ({"VLLM_SRC": "missing"}, "is not a folder"),
         ({"VLLM_SRC": "plain"}, "is not a git checkout"),
