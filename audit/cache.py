@@ -4,8 +4,9 @@ Every run adds to the cache: a verdict per mutant judged, a baseline per change 
 the audited source or the suite, a release's sdist and tests. Nothing there is ever
 wrong to keep (each entry is keyed by all it depends on), so nothing leaves on its
 own, and a cache that CI restores and saves on every pull request grows with every
-one of them. ``fence-audit cache`` shows it; ``fence-audit cache --prune DAYS``
-removes the entries no run has used for DAYS days.
+one of them. ``fence-audit cache`` shows it; ``--prune DAYS`` removes the entries no
+run has used for DAYS days, ``--max-mb MB`` then the least recently used until the
+cache holds at most MB megabytes.
 
 "Used" is each entry's modification time: a run sets it when it reads an entry
 (:func:`used`), and writing one sets it too. Pruning removes only what fence-audit

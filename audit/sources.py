@@ -127,7 +127,9 @@ def sdist_module(version: str, module: str, *, index_url: str, cache_dir: Path) 
     stamp = kept.with_name(kept.name + ".sha256")
     fresh = kept.is_file() and stamp.is_file() and digest_file.is_file()
     if fresh and stamp.read_text().strip() == digest_file.read_text().strip():
-        cache.used(cache_dir / "modules" / f"vllm-{version}")
+        # the digest is read, and goes with its archive: both are stamped
+        for entry in (cache_dir / "modules" / f"vllm-{version}", digest_file.with_suffix("")):
+            cache.used(entry)
         cache.used(digest_file)
         return kept.read_text(encoding="utf-8")
     digest = sdist_archive(version, index_url=index_url, cache_dir=cache_dir)

@@ -14,7 +14,7 @@ from audit import cache, generation
 from audit.baseline_cache import BaselineCache, key_of
 from audit.cli import main
 from audit.protocol import MutantStatus, Verdict, save_verdict
-from audit.sources import MARKER, sdist_tests
+from audit.sources import MARKER, sdist_module, sdist_tests
 from audit.verdict_cache import TestHasher, VerdictCache
 
 NOW = 1_800_000_000.0
@@ -301,3 +301,20 @@ def test_a_bad_argument_is_one_line_and_exit_1(
     assert "Traceback" not in err
     assert said.replace("FILE", str(a_file)) in err.splitlines()[0], err
     assert sorted(filled.rglob("*")) == before
+
+
+def test_a_release_s_cached_module_is_stamped_with_its_sdist(tmp_path: Path) -> None:
+    """The module is read by way of the sdist's digest: the archive, which the digest
+    goes with, is stamped too, so neither goes while the module is in use."""
+    digest = "d" * 64
+    module = "vllm.x.scheduler"
+    release = tmp_path / "modules" / "vllm-0.32.0"
+    kept = write(release / "vllm" / "x" / "scheduler.py", "x = 1\n")
+    write(kept.with_name("scheduler.py.sha256"), digest + "\n")
+    archive = write(tmp_path / "sdist" / "vllm-0.32.0.tar.gz")
+    sha = write(tmp_path / "sdist" / "vllm-0.32.0.tar.gz.sha256", digest + "\n")
+    before = [stale(release), stale(archive), stale(sha)]
+    text = sdist_module("0.32.0", module, index_url="http://127.0.0.1:9/simple", cache_dir=tmp_path)
+    assert text == "x = 1\n"
+    after = [p.stat().st_mtime for p in (release, archive, sha)]
+    assert all(a > b + 30 * cache.DAY_S for a, b in zip(after, before, strict=True))
