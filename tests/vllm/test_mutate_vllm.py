@@ -107,7 +107,6 @@ def test_a_second_run_judges_nothing_again(first_run, tmp_path: Path) -> None:  
     second = json.loads((tmp_path / "reports" / "audit.json").read_text())
     judged = [m for m in second["mutants"] if m["status"] != "no_tests"]
     assert all(m["cached"] for m in judged)
-    assert second["duration_s"] <= 0.1 * audit["duration_s"]
     assert {m["id"]: m["status"] for m in second["mutants"]} == {
         m["id"]: m["status"] for m in audit["mutants"]
     }
