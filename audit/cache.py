@@ -59,7 +59,7 @@ KEPT = ("hf-home", "vllm-home", "schemas")  # left as they are: see the module's
 # ``replaced_dir``'s staging folders, the forced-fail check's verdict
 # (audit.jobs.forced_failure).
 LEFTOVERS = "leftovers"
-_LEFTOVER = re.compile(r"\..+(\.tmp|\.part|\.part-[A-Za-z0-9_]+)|forced-fail-[0-9a-f]{32}\.json")
+_LEFTOVER = re.compile(r"\..+(\.tmp|\.part(-[A-Za-z0-9_]+)?)|forced-fail-[0-9a-f]{32}\.json")
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,14 +90,15 @@ def contents(root: Path) -> Contents:
     foreign: list[Path] = []
     known = {kind.folder: kind for kind in KINDS}
     for top in _listing(root):
-        kind = known.get(top.name)
         if top.name in KEPT:
             continue
+        kind = known.get(top.name)
         if kind is None or not top.is_dir() or top.is_symlink():
             foreign.append(top)
             continue
-        names = {path.name for path in _listing(top)}
-        for path in _listing(top):
+        listed = list(_listing(top))
+        names = {path.name for path in listed}
+        for path in listed:
             if _is_companion(path.name, kind) and _main_name(path.name, kind) in names:
                 continue  # counted with its entry
             name = _kind_of(path.name, kind)
@@ -145,10 +146,13 @@ def prune(
 
     Each entry's time is read again just before it goes: one a run used since the
     listing stays."""
-    chosen = [e for e in contents(root).entries if kinds is None or e.kind in set(kinds)]
+    wanted = None if kinds is None else frozenset(kinds)
+    chosen = [e for e in contents(root).entries if wanted is None or e.kind in wanted]
     chosen.sort(key=lambda entry: (entry.used, str(entry.path)))
-    cutoff = (time.time() if now is None else now) - days * DAY_S if days is not None else None
-    doomed = [e for e in chosen if cutoff is not None and e.used < cutoff]
+    doomed = []
+    if days is not None:
+        cutoff = (time.time() if now is None else now) - days * DAY_S
+        doomed = [entry for entry in chosen if entry.used < cutoff]
     if max_bytes is not None:
         left = chosen[len(doomed) :]  # sorted: the old ones come first
         held = sum(entry.size for entry in left)

@@ -76,8 +76,8 @@ def sdist_tests(version: str, *, index_url: str, cache_dir: Path) -> TestSource:
     if (tree / MARKER).is_file() and digest_file.is_file():
         digest = digest_file.read_text().strip()
         if (tree / MARKER).read_text().strip() == digest:
-            for entry in (tree, archive, digest_file):
-                cache.used(entry)
+            cache.used(tree)
+            _used_sdist(archive)
             origin = f"sdist {filename} (sha256 {digest[:12]}, cached)"
             return TestSource(tree, origin, identity=f"sdist {filename} sha256 {digest}")
     digest = sdist_archive(version, index_url=index_url, cache_dir=cache_dir)
@@ -95,8 +95,7 @@ def sdist_archive(version: str, *, index_url: str, cache_dir: Path) -> str:
     digest = digest_file.read_text().strip() if digest_file.is_file() else ""
     found = sha256_file(archive) if digest and archive.is_file() else ""
     if found and found == digest:
-        cache.used(archive)
-        cache.used(digest_file)
+        _used_sdist(archive)
         return digest
     try:  # none cached, or damaged (truncated): fetch it again
         url, digest = _find_on_index(index_url, filename, cache_dir)
@@ -127,10 +126,8 @@ def sdist_module(version: str, module: str, *, index_url: str, cache_dir: Path) 
     stamp = kept.with_name(kept.name + ".sha256")
     fresh = kept.is_file() and stamp.is_file() and digest_file.is_file()
     if fresh and stamp.read_text().strip() == digest_file.read_text().strip():
-        # the digest is read, and goes with its archive: both are stamped
-        for entry in (cache_dir / "modules" / f"vllm-{version}", digest_file.with_suffix("")):
-            cache.used(entry)
-        cache.used(digest_file)
+        cache.used(cache_dir / "modules" / f"vllm-{version}")
+        _used_sdist(digest_file.with_name(f"vllm-{version}.tar.gz"))  # its digest was read
         return kept.read_text(encoding="utf-8")
     digest = sdist_archive(version, index_url=index_url, cache_dir=cache_dir)
     archive = cache_dir / "sdist" / f"vllm-{version}.tar.gz"
@@ -154,6 +151,13 @@ def sdist_module(version: str, module: str, *, index_url: str, cache_dir: Path) 
     write_text(kept, text)
     write_text(stamp, digest + "\n")
     return text
+
+
+def _used_sdist(archive: Path) -> None:
+    """Stamp a release's cached sdist and its digest, which the cache prunes together
+    (:mod:`audit.cache`): a run that reads only the digest keeps the archive too."""
+    cache.used(archive)
+    cache.used(archive.with_name(archive.name + ".sha256"))
 
 
 def _find_on_index(index_url: str, filename: str, cache_dir: Path) -> tuple[str, str]:
