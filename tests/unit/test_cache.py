@@ -318,3 +318,17 @@ def test_a_release_s_cached_module_is_stamped_with_its_sdist(tmp_path: Path) -> 
     assert text == "x = 1\n"
     after = [p.stat().st_mtime for p in (release, archive, sha)]
     assert all(a > b + 30 * cache.DAY_S for a, b in zip(after, before, strict=True))
+
+
+def test_a_baseline_run_again_says_whether_its_source_moved_or_changed(tmp_path: Path) -> None:
+    baselines = BaselineCache(tmp_path)
+    last = {"selection": "[]", "audited source": "/a/scheduler.py sha256 " + "1" * 64}
+    tmp_path.joinpath(baselines._last(last).name).write_text(json.dumps(last))
+    moved = {**last, "audited source": "/b/scheduler.py sha256 " + "1" * 64}
+    edited = {**last, "audited source": "/a/scheduler.py sha256 " + "2" * 64}
+    assert baselines.changed_since_last(moved) == [
+        "audited source moved (same sha256), was /a/scheduler.py"
+    ]
+    assert baselines.changed_since_last(edited) == [
+        "audited source changed (sha256 111111111111 before, 222222222222 now)"
+    ]
