@@ -205,10 +205,8 @@ def _why(name: str, last: Mapping[str, str], now: Mapping[str, str]) -> str:
     if name not in now:
         return f"{name} is gone"
     if name == "audited source":
-        (before, _, old), (after, _, new) = (
-            last[name].rpartition(" sha256 "),
-            now[name].rpartition(" sha256 "),
-        )
+        before, _, old = last[name].rpartition(" sha256 ")
+        new = now[name].rpartition(" sha256 ")[2]
         if old == new:  # the same text at another path (another checkout or environment)
             return f"audited source moved (same sha256), was {before}"
         return f"audited source changed (sha256 {old[:12]} before, {new[:12]} now)"
