@@ -19,8 +19,31 @@ def write_json(path: Path, document: Any) -> None:
 
 
 def json_text(document: Any) -> str:
-    """``document`` as every JSON file of the audit holds it (reports render it in memory)."""
-    return json.dumps(document, indent=1, ensure_ascii=False) + "\n"
+    """``document`` as every JSON file of the audit holds it (reports render it in memory):
+    its top level and the members of its top-level lists and objects one per line (one
+    mutant, one test, one source line a line), each of those on a single line. At file
+    scope that is a third smaller than JSON indented throughout, and a line still
+    greps and diffs as one record."""
+    return _json_lines(document, 0) + "\n"
+
+
+def _json_lines(value: Any, depth: int) -> str:
+    if (
+        depth >= 2
+        or not isinstance(value, dict | list)
+        or not value
+        or (isinstance(value, dict) and not all(isinstance(k, str) for k in value))
+    ):  # a key json turns into a string is left to json
+        return json.dumps(value, ensure_ascii=False)
+    pad = " " * (depth + 1)
+    if isinstance(value, dict):
+        members = [
+            f"{pad}{json.dumps(k, ensure_ascii=False)}: {_json_lines(v, depth + 1)}"
+            for k, v in value.items()
+        ]
+        return "{\n" + ",\n".join(members) + "\n" + " " * depth + "}"
+    members = [pad + _json_lines(v, depth + 1) for v in value]
+    return "[\n" + ",\n".join(members) + "\n" + " " * depth + "]"
 
 
 def write_text(path: Path, text: str) -> None:
