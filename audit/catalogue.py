@@ -144,22 +144,14 @@ class Applied:
 
 
 def load_catalogue(directory: Path) -> tuple[Entry, ...]:
-    """Every ``*.toml`` under ``directory`` (sorted); a broken file is a ConfigError."""
+    """Every ``*.toml`` under ``directory`` (sorted); a broken file is a ConfigError.
+    An entry's id is its file's name (:func:`load_entry`), so no two share one."""
     if not directory.is_dir():
         raise ConfigError(
             "the catalogue folder does not exist",
             details={"folder": str(directory), "next": "set catalogue = PATH or create it"},
         )
-    entries = [load_entry(path) for path in sorted(directory.glob("*.toml"))]
-    seen: dict[str, Path] = {}
-    for entry in entries:
-        if entry.id in seen:
-            raise ConfigError(
-                f"two catalogue entries have the id {entry.id!r}",
-                details={"files": f"{seen[entry.id]}, {entry.path}", "next": "rename one"},
-            )
-        seen[entry.id] = entry.path
-    return tuple(entries)
+    return tuple(load_entry(path) for path in sorted(directory.glob("*.toml")))
 
 
 def load_entry(path: Path) -> Entry:

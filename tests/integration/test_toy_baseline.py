@@ -220,7 +220,8 @@ def test_selection_without_tests_is_its_own_error(toy) -> None:  # type: ignore[
 
 
 def test_test_process_has_no_network(toy) -> None:  # type: ignore[no-untyped-def]
-    source, _, _ = toy
+    source, _, reports = toy
+    home = reports.parent / "cache" / "hf-home"  # in the cache run() gives the audit
     (source.root / "tests" / "test_net.py").write_text(
         "import socket, pytest\n"
         "def test_connect_is_refused():\n"
@@ -230,9 +231,11 @@ def test_test_process_has_no_network(toy) -> None:  # type: ignore[no-untyped-de
         "    import os\n"
         "    assert os.environ['HF_HUB_OFFLINE'] == '1'\n"
         "    assert os.environ['VLLM_TARGET_DEVICE'] == 'cpu'\n"
-        "    assert 'fence-audit' in os.environ['HF_HOME'] or 'cache' in os.environ['HF_HOME']\n"
+        f"    assert os.environ['HF_HOME'] == {str(home)!r}\n"
     )
-    baseline, _ = run(toy, "tests/test_net.py")
+    with pytest.MonkeyPatch.context() as env:  # a home of the user's own is not inherited
+        env.setenv("HF_HOME", str(reports.parent / "users-hf-home"))
+        baseline, _ = run(toy, "tests/test_net.py")
     assert [t.outcome.value for t in baseline.tests] == ["passed", "passed"]
 
 

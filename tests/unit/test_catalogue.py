@@ -228,11 +228,12 @@ def test_all_changes_of_an_entry_must_share_one_function(tmp_path: Path) -> None
         load_entry(path)
 
 
-def test_duplicate_ids_are_refused(tmp_path: Path) -> None:
-    for name in ("a", "b"):
+def test_the_catalogue_is_its_entries_by_file_name(tmp_path: Path) -> None:
+    for name in ("b", "a"):
         (tmp_path / f"{name}.toml").write_text(
             entry_text('function = "F.f"\nstatement = "x"\naction = "delete"\n', id=name)
         )
+    (tmp_path / "notes.md").write_text("not an entry")
     assert [e.id for e in load_catalogue(tmp_path)] == ["a", "b"]
     with pytest.raises(ConfigError, match="does not exist"):
         load_catalogue(tmp_path / "missing")

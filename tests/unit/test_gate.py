@@ -108,22 +108,22 @@ def test_gate_region_threshold_from_the_command_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "args",
+    ("args", "says"),
     [
-        ("--fail-under", "101"),
-        ("--fail-under", "-1"),
-        ("--fail-under-region", "removal"),
-        ("--fail-under-region", "removal=lots"),
-        ("--fail-under-region", "nowhere=50"),
+        (("--fail-under", "101"), "--fail-under is 101.0: a threshold lies between 0 and 100"),
+        (("--fail-under", "-1"), "--fail-under is -1.0: a threshold lies between 0 and 100"),
+        (("--fail-under-region", "removal"), "'removal' is not of the form NAME=PERCENT"),
+        (("--fail-under-region", "removal=lots"), "'removal=lots' is not of the form"),
+        (("--fail-under-region", "nowhere=50"), "names region 'nowhere', which is neither"),
     ],
 )
 def test_gate_rejects_bad_thresholds_with_usage_error(
-    tmp_path: Path, args: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, args: tuple[str, ...], says: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     copied = tmp_path / "audit.json"
     copied.write_text(DATA.read_text())
     assert gate(copied, *args) == ExitCode.USAGE
-    assert "fence-audit:" in capsys.readouterr().err
+    assert says in capsys.readouterr().err
 
 
 def test_gate_thresholds_come_from_pyproject(tmp_path: Path) -> None:
