@@ -14,8 +14,10 @@ from audit.files import json_text, write_json
 scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
 documents = st.recursive(
     scalars,
-    lambda inner: st.lists(inner, max_size=4)
-    | st.dictionaries(st.text(max_size=6) | st.integers(), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.text(max_size=6) | st.integers(), inner, max_size=4)
+    ),
     max_leaves=25,
 )
 
