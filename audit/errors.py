@@ -1,8 +1,9 @@
 """The audit's errors: one base class, one subclass per outcome CI cares about.
 
 Only the CLI catches these. Each carries the exit code the README documents, a
-one-line summary, and the details a person needs to act: what failed, on which
-input, where to look, and what to do next.
+summary, and the details a person needs to act: on which input, where to look, and
+what to do next. It prints as one line (:meth:`AuditError.render`), so a CI log's
+last line or a grep for ``fence-audit:`` shows all of it.
 """
 
 from __future__ import annotations
@@ -43,10 +44,17 @@ class AuditError(Exception):
         self.details: dict[str, str] = dict(details or {})
 
     def render(self) -> str:
-        lines = [f"fence-audit: {self.summary}"]
-        width = max((len(k) for k in self.details), default=0)
-        lines.extend(f"  {k + ':':<{width + 1}} {v}" for k, v in self.details.items())
-        return "\n".join(lines)
+        """One line: what failed, then where (the details, in parentheses), then what to
+        do (``next``). A detail that spans lines (a traceback's tail) is joined."""
+        where = "; ".join(f"{k}: {_one_line(v)}" for k, v in self.details.items() if k != "next")
+        line = f"fence-audit: {_one_line(self.summary)}" + (f" ({where})" if where else "")
+        if "next" in self.details:
+            line += f"; next: {_one_line(self.details['next'])}"
+        return line
+
+
+def _one_line(text: str) -> str:
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
 
 
 class ConfigError(AuditError):

@@ -33,12 +33,12 @@ def merge(tmp_path: Path, paths: list[Path], reports: Path | None = None) -> int
     return main(["merge", "--config", str(config), "--reports", str(folder), *map(str, paths)])
 
 
-def said(capsys: pytest.CaptureFixture[str]) -> list[str]:
-    """What merge printed on stderr: its one line first, then the details."""
+def said(capsys: pytest.CaptureFixture[str]) -> str:
+    """What merge printed on stderr: one line, what failed, where and what to do."""
     err = capsys.readouterr().err
     assert "Traceback" not in err
-    assert err.startswith("fence-audit: "), err
-    return err.splitlines()
+    assert err.startswith("fence-audit: ") and err.count("\n") == 1, err
+    return err
 
 
 def three() -> Shards:
@@ -198,7 +198,7 @@ def test_shards_that_do_not_make_one_run_are_refused(
     paths = save(tmp_path / "shards", spoil(three()))
     assert merge(tmp_path, paths) == ExitCode.USAGE
     shown = said(capsys)
-    assert shown[0].startswith(f"fence-audit: {line}"), shown[0]
+    assert shown.startswith(f"fence-audit: {line}"), shown
     assert not (tmp_path / "reports" / "audit.json").exists()
 
 
@@ -208,9 +208,8 @@ def test_shards_of_other_runs_are_named_with_both_values(
     paths = save(tmp_path, other_run(lambda run: run.update(vllm_version="0.32.0"))(three()))
     assert merge(tmp_path, paths) == 1
     shown = said(capsys)
-    assert shown[1] == f"  shard 1/3: 0.33.0 ({paths[0]})"
-    assert shown[2] == f"  shard 2/3: 0.32.0 ({paths[1]})"
-    assert shown[3].startswith("  next:      merge the audit.json of every shard of one run")
+    assert f"(shard 1/3: 0.33.0 ({paths[0]}); shard 2/3: 0.32.0 ({paths[1]})" in shown
+    assert "; next: merge the audit.json of every shard of one run" in shown
 
 
 def test_shards_dealt_by_other_durations_are_told_to_share_them(
@@ -218,8 +217,8 @@ def test_shards_dealt_by_other_durations_are_told_to_share_them(
 ) -> None:
     assert merge(tmp_path, save(tmp_path, other_durations(three()))) == 1
     shown = said(capsys)
-    assert shown[1] == f"  shard 1/3: {COSTS} ({tmp_path / 'shard-1' / 'audit.json'})"
-    assert "give every shard the same --shard-costs (a coverage-map.json)" in shown[-1]
+    assert f"(shard 1/3: {COSTS} ({tmp_path / 'shard-1' / 'audit.json'});" in shown
+    assert "; next: give every shard the same --shard-costs (a coverage-map.json)" in shown
 
 
 def test_an_interrupted_shard_is_refused_with_13(
@@ -231,16 +230,16 @@ def test_an_interrupted_shard_is_refused_with_13(
     retally(shards[1])
     assert merge(tmp_path, save(tmp_path, shards)) == ExitCode.INCOMPLETE == 13
     shown = said(capsys)
-    assert shown[0] == (
+    assert shown.startswith(
         "fence-audit: shard 2/3 is incomplete: it was interrupted after 2 of 3 mutants"
     )
-    assert "run `fence-audit mutate --shard 2/3` again" in shown[-1]
+    assert "run `fence-audit mutate --shard 2/3` again" in shown.partition("; next: ")[2]
 
 
 def test_a_whole_run_is_not_a_shard(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     paths = save(tmp_path, [whole_run()])
     assert merge(tmp_path, paths) == 1
-    assert said(capsys)[0] == (
+    assert said(capsys).startswith(
         "fence-audit: audit.json is the results of a whole run, not of a shard (no `shard` field)"
     )
 
@@ -253,11 +252,10 @@ def test_a_damaged_shard_is_named_by_the_reader(
     paths = save(tmp_path, shards)
     assert merge(tmp_path, paths) == 1
     shown = said(capsys)
-    assert shown[0] == (
+    assert shown.startswith(
         "fence-audit: the results file does not add up: regions.removal.killed: the file says "
-        "5, its mutants say 0"
+        f"5, its mutants say 0 (file: {paths[2]})"
     )
-    assert shown[1] == f"  file: {paths[2]}"
 
 
 def test_the_merged_file_never_replaces_a_shard(
@@ -269,7 +267,9 @@ def test_the_merged_file_never_replaces_a_shard(
     (paths[0].parent / MANIFEST).write_text(json.dumps(manifest))
     before = paths[0].read_text()
     assert merge(tmp_path, paths, reports=paths[0].parent) == 1
-    assert said(capsys)[0] == "fence-audit: the merged audit.json would replace a shard's results"
+    assert said(capsys).startswith(
+        "fence-audit: the merged audit.json would replace a shard's results"
+    )
     assert paths[0].read_text() == before
 
 

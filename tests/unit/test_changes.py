@@ -430,7 +430,8 @@ def test_since_without_a_checkout_is_refused_before_anything_runs(
 
     monkeypatch.setattr("audit.environment.installed_vllm", started)
     assert main(["mutate", "--since", "HEAD~1"]) == ExitCode.USAGE
-    first = capsys.readouterr().err.splitlines()[0]
-    assert first == (
+    assert capsys.readouterr().err == (
         "fence-audit: --since HEAD~1 needs --vllm-src: the changes are read from a git checkout"
+        "; next: add --vllm-src PATH (the root of the vLLM checkout holding the change), or "
+        "drop --since to audit the whole fence\n"
     )

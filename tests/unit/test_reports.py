@@ -12,12 +12,14 @@ import dataclasses
 import json
 import re
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from audit import __version__
-from audit.errors import ConfigError
+from audit.cli import main
+from audit.errors import ConfigError, ExitCode
 from audit.html_report import render_index, render_region
 from audit.junit_report import render_junit
 from audit.markdown_report import render_summary
@@ -195,21 +197,33 @@ def test_every_mutant_link_points_at_an_anchor_on_its_region_page(
         assert f'id="{anchor}"' in (tmp_path / page).read_text()
 
 
-def test_a_damaged_results_file_leaves_earlier_reports_untouched(
-    results_on_disk: AuditResults, tmp_path: Path
+@pytest.mark.parametrize(
+    ("results", "says"),
+    [
+        (lambda good: good[:500], "not valid JSON"),
+        (lambda good: json.dumps({**json.loads(good), "format": 1}), "format 1"),
+    ],
+    ids=["cut short", "an old format"],
+)
+def test_the_report_command_on_a_damaged_results_file_leaves_earlier_reports_untouched(
+    results_on_disk: AuditResults,
+    tmp_path: Path,
+    results: Callable[[str], str],
+    says: str,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    write_reports(results_on_disk, tmp_path)
-    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    reports = tmp_path / "reports"
+    write_reports(results_on_disk, reports)
+    before = {p: p.read_bytes() for p in reports.rglob("*") if p.is_file()}
     damaged = tmp_path / "audit.json"
-    damaged.write_text(DATA.read_text()[:500])
-    with pytest.raises(ConfigError, match="not valid JSON"):
-        load_results(damaged)
-    wrong = tmp_path / "old-format.json"
-    wrong.write_text(json.dumps({**json.loads(DATA.read_text()), "format": 1}))
-    with pytest.raises(ConfigError, match="format 1"):
-        load_results(wrong)
-    after = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
-    assert {p: b for p, b in after.items() if p not in (damaged, wrong)} == before
+    damaged.write_text(results(DATA.read_text()))
+    config = tmp_path / "pyproject.toml"  # not this project's: nothing of it leaks in
+    config.write_text("[tool.fence-audit]\n")
+    argv = ["report", "--config", str(config), "--reports", str(reports)]
+    assert main([*argv, "--results", str(damaged)]) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert says in err and len(err.splitlines()) == 1, err
+    assert {p: p.read_bytes() for p in reports.rglob("*") if p.is_file()} == before
 
 
 def test_a_failing_renderer_writes_nothing(

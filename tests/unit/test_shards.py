@@ -288,7 +288,7 @@ def test_the_gate_refuses_one_shard_and_the_reports_say_what_it_is(
     config = tmp_path / "pyproject.toml"
     config.write_text("")
     assert main(["gate", "--config", str(config), "--results", str(path)]) == 13
-    assert capsys.readouterr().err.splitlines()[0] == (
+    assert capsys.readouterr().err.startswith(
         "fence-audit: the results are one shard of a run (shard 1 of 3: 3 of the run's 9 "
         "mutants); the gate cannot pass on a part of the run"
     )
