@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from audit import __version__
+from audit.config import release_version
 from audit.errors import ConfigError
 from audit.shards import Shard
 
@@ -54,6 +55,14 @@ def shard(text: str) -> Shard:
         return Shard.parse(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def release(text: str) -> str:
+    """An argparse type: a vLLM release's version (:func:`config.release_version`)."""
+    try:
+        return release_version(text, "the version")
+    except ConfigError as error:
+        raise argparse.ArgumentTypeError(error.summary.removeprefix("the version is ")) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -219,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     catalogue_cmd.add_argument("action", choices=("check",), help="check: apply, compile, compare")
     catalogue_cmd.add_argument(
         "--release",
+        type=release,
         metavar="VERSION",
         help="check against vLLM VERSION's sdist (downloaded once, cached), not installed",
     )

@@ -400,12 +400,16 @@ def _catalogue_source(
 
         def from_sdist(module: str) -> tuple[str, str]:
             text = sources.sdist_module(
-                release, module, index_url=config.index_url, cache_dir=config.cache_dir
+                release,
+                module,
+                index_url=config.index_url,
+                cache_dir=config.cache_dir,
+                version_from="--release",
             )
             return f"vllm-{release}.tar.gz:{environment.module_relpath(module)}", text
 
         return release, from_sdist
-    vllm = environment.installed_vllm(config.vllm_version)
+    vllm = environment.installed_vllm(config.vllm_version, config.vllm_version_from)
     checkout = sources.checkout_source(vllm_src, config.target) if vllm_src else None
 
     def installed(module: str) -> tuple[str, str]:

@@ -130,6 +130,7 @@ class Config:
     random_profile: str = ""  # the Hypothesis profile they run under alone ("": theirs)
     deep: DeepLook = DeepLook()  # the deep second look at survivors (mutate --deep)
     cache_dir_from: str = "the default"  # who chose cache_dir, for error messages
+    vllm_version_from: str = "[tool.fence-audit] vllm-version"  # who chose it, likewise
 
     def region(self, name: str) -> RegionSpec:
         for region in self.regions:
@@ -267,10 +268,16 @@ def parse_config(table: dict[str, Any], *, source: str, project_dir: Path) -> Co
         )
     else:
         cache_dir, cache_from = _default_cache_dir()
+    if os.environ.get(VLLM_VERSION_ENV):
+        version, version_from = os.environ[VLLM_VERSION_ENV], f"${VLLM_VERSION_ENV}"
+    else:
+        version = _string(table, "vllm-version", source)
+        version_from = f"[tool.fence-audit] vllm-version in {source}"
     return Config(
         source=source,
         project_dir=project_dir,
-        vllm_version=os.environ.get(VLLM_VERSION_ENV) or _string(table, "vllm-version", source),
+        vllm_version=release_version(version, version_from),
+        vllm_version_from=version_from,
         target=_string(table, "target", source),
         reports_dir=reports if reports.is_absolute() else project_dir / reports,
         cache_dir=cache_dir,
@@ -461,6 +468,21 @@ def _since(table: dict[str, Any], where: str, source: str) -> str:
             details={"config": source},
         )
     return str(value)
+
+
+# A release as PyPI lists vLLM's: 0.33.0, 0.34.0rc1, 0.10.1.post1 (no local "+..." part).
+_RELEASE = re.compile(r"\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?")
+
+
+def release_version(text: str, where: str) -> str:
+    """``text`` when it is a release's version (it names files and folders: vllm-V.tar.gz,
+    .nox/lean-vllm-V); a ConfigError naming ``where`` it came from otherwise."""
+    if not _RELEASE.fullmatch(text):
+        raise ConfigError(
+            f"{where} is {text!r}: not a vLLM release",
+            details={"next": "give a release as PyPI lists it, such as 0.33.0"},
+        )
+    return text
 
 
 def release_key(version: Any) -> tuple[int, ...] | None:

@@ -32,8 +32,11 @@ class Fingerprint:
     sha256: str  # hex digest of the file's bytes
 
 
-def installed_vllm(expected_version: str) -> InstalledVllm:
-    """The vLLM installed beside this interpreter; it must be ``expected_version``."""
+def installed_vllm(
+    expected_version: str, expected_from: str = "[tool.fence-audit] vllm-version"
+) -> InstalledVllm:
+    """The vLLM installed beside this interpreter; it must be ``expected_version``, which
+    ``expected_from`` chose (named when it is not)."""
     try:
         dist = metadata.distribution(DIST)
     except metadata.PackageNotFoundError:
@@ -50,9 +53,9 @@ def installed_vllm(expected_version: str) -> InstalledVllm:
             f"installed vLLM is {dist.version}, but the audit is configured for {expected_version}",
             details={
                 "python": sys.executable,
-                "config": "[tool.fence-audit] vllm-version",
-                "next": "set vllm-version to the installed version, or install "
-                f"vllm=={expected_version} (nox installs the version the config names)",
+                "version from": expected_from,
+                "next": f"set {expected_from} to the installed version, or install "
+                f"vllm=={expected_version} (nox installs the version the audit names)",
             },
         )
     return InstalledVllm(version=dist.version, location=Path(str(dist.locate_file(""))))

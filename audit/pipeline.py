@@ -156,13 +156,16 @@ def prepare(
         outputs.check_reports_dir(config.reports_dir)
     # The project's own files first: a broken one costs no download.
     entries, equivalents = load_entries(config), load_equivalents(config.equivalents_file)
-    vllm = environment.installed_vllm(config.vllm_version)
+    vllm = environment.installed_vllm(config.vllm_version, config.vllm_version_from)
     before = environment.verify_untouched(vllm, config.target)
     if vllm_src is not None:
         source = sources.checkout_source(vllm_src, config.target)
     else:
         source = sources.sdist_tests(
-            vllm.version, index_url=config.index_url, cache_dir=config.cache_dir
+            vllm.version,
+            index_url=config.index_url,
+            cache_dir=config.cache_dir,
+            version_from=config.vllm_version_from,
         )
     path = source.target_file(config.target) or before.path
     text = path.read_text(encoding="utf-8")

@@ -66,8 +66,11 @@ def checkout_source(path: Path, module: str) -> TestSource:
     return TestSource(root=root, origin=origin, checkout=True, identity=origin)
 
 
-def sdist_tests(version: str, *, index_url: str, cache_dir: Path) -> TestSource:
-    """vLLM's ``tests/`` from the sdist of ``version``, from the cache or the index."""
+def sdist_tests(
+    version: str, *, index_url: str, cache_dir: Path, version_from: str = "the version"
+) -> TestSource:
+    """vLLM's ``tests/`` from the sdist of ``version``, from the cache or the index
+    (``version_from``: who chose the version, named if the index does not list it)."""
     filename = f"vllm-{version}.tar.gz"
     tree = cache_dir / "tests" / f"vllm-{version}"
     archive = cache_dir / "sdist" / filename
@@ -80,13 +83,17 @@ def sdist_tests(version: str, *, index_url: str, cache_dir: Path) -> TestSource:
             _used_sdist(archive)
             origin = f"sdist {filename} (sha256 {digest[:12]}, cached)"
             return TestSource(tree, origin, identity=f"sdist {filename} sha256 {digest}")
-    digest = sdist_archive(version, index_url=index_url, cache_dir=cache_dir)
+    digest = sdist_archive(
+        version, index_url=index_url, cache_dir=cache_dir, version_from=version_from
+    )
     _extract_tests(archive, tree, f"vllm-{version}/tests/", digest)
     origin = f"sdist {filename} (sha256 {digest[:12]})"
     return TestSource(tree, origin, identity=f"sdist {filename} sha256 {digest}")
 
 
-def sdist_archive(version: str, *, index_url: str, cache_dir: Path) -> str:
+def sdist_archive(
+    version: str, *, index_url: str, cache_dir: Path, version_from: str = "the version"
+) -> str:
     """Make sure ``cache_dir/sdist/vllm-VERSION.tar.gz`` holds the index's sdist of
     ``version`` (fetched when missing or damaged); return its sha256."""
     filename = f"vllm-{version}.tar.gz"
@@ -98,7 +105,7 @@ def sdist_archive(version: str, *, index_url: str, cache_dir: Path) -> str:
         _used_sdist(archive)
         return digest
     try:  # none cached, or damaged (truncated): fetch it again
-        url, digest = _find_on_index(index_url, filename, cache_dir)
+        url, digest = _find_on_index(index_url, filename, cache_dir, version_from)
     except SourceUnavailable as unavailable:
         if not found:
             raise
@@ -116,7 +123,14 @@ def sdist_archive(version: str, *, index_url: str, cache_dir: Path) -> str:
     return digest
 
 
-def sdist_module(version: str, module: str, *, index_url: str, cache_dir: Path) -> str:
+def sdist_module(
+    version: str,
+    module: str,
+    *,
+    index_url: str,
+    cache_dir: Path,
+    version_from: str = "the version",
+) -> str:
     """The text of ``module`` (dotted) as vLLM ``version``'s sdist ships it: a release's
     code, read without installing the release. Kept in the cache beside the archive,
     keyed by the archive's sha256, so a second read decompresses nothing."""
@@ -129,7 +143,9 @@ def sdist_module(version: str, module: str, *, index_url: str, cache_dir: Path) 
         cache.used(cache_dir / "modules" / f"vllm-{version}")
         _used_sdist(digest_file.with_name(f"vllm-{version}.tar.gz"))  # its digest was read
         return kept.read_text(encoding="utf-8")
-    digest = sdist_archive(version, index_url=index_url, cache_dir=cache_dir)
+    digest = sdist_archive(
+        version, index_url=index_url, cache_dir=cache_dir, version_from=version_from
+    )
     archive = cache_dir / "sdist" / f"vllm-{version}.tar.gz"
     member = f"vllm-{version}/{relpath}"
     try:
@@ -160,7 +176,9 @@ def _used_sdist(archive: Path) -> None:
     cache.used(archive.with_name(archive.name + ".sha256"))
 
 
-def _find_on_index(index_url: str, filename: str, cache_dir: Path) -> tuple[str, str]:
+def _find_on_index(
+    index_url: str, filename: str, cache_dir: Path, version_from: str
+) -> tuple[str, str]:
     page = f"{index_url.rstrip('/')}/vllm/"
     request = urllib.request.Request(page, headers={"Accept": PEP691_JSON})
     try:
@@ -194,9 +212,9 @@ def _find_on_index(index_url: str, filename: str, cache_dir: Path) -> tuple[str,
                 )
             # PEP 691 allows a URL relative to the page.
             return urllib.parse.urljoin(page, str(entry.get("url", ""))), str(digest)
-    raise SourceUnavailable(
-        f"{filename} is not on the package index",
-        details={"index": page, "next": "check [tool.fence-audit] vllm-version"},
+    raise ConfigError(  # the index answered: the version is what is wrong
+        f"{filename} is not on the package index: no vLLM release of that version",
+        details={"index": page, "version from": version_from, "next": f"check {version_from}"},
     )
 
 

@@ -73,7 +73,8 @@ def assert_refused(outcome: tuple[int, str], code: ExitCode, *phrases: str) -> N
     exit_code, stderr = outcome
     assert "Traceback" not in stderr, stderr
     assert exit_code == code, stderr
-    assert stderr.startswith("fence-audit: ") and stderr.count("\n") == 1, stderr
+    assert stderr.startswith("fence-audit: "), stderr
+    assert stderr.count("\n") == 1, stderr
     for phrase in phrases:
         assert phrase in stderr, stderr
 

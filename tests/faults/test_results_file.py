@@ -88,7 +88,8 @@ def said(capsys: pytest.CaptureFixture[str]) -> str:
     """The error's one line on stderr; never a traceback."""
     err = capsys.readouterr().err
     assert "Traceback" not in err
-    assert err.startswith("fence-audit: ") and err.count("\n") == 1, err
+    assert err.startswith("fence-audit: "), err
+    assert err.count("\n") == 1, err
     return err
 
 

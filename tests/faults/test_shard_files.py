@@ -37,7 +37,8 @@ def said(capsys: pytest.CaptureFixture[str]) -> str:
     """What merge printed on stderr: one line, what failed, where and what to do."""
     err = capsys.readouterr().err
     assert "Traceback" not in err
-    assert err.startswith("fence-audit: ") and err.count("\n") == 1, err
+    assert err.startswith("fence-audit: "), err
+    assert err.count("\n") == 1, err
     return err
 
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from audit.config import load_config, parse_suite_path
+from audit.config import load_config, parse_suite_path, release_version
 from audit.errors import ConfigError, ExitCode
 
 
@@ -194,3 +194,30 @@ def test_plugins_are_staged_loaded_by_name_and_must_be_python_files(tmp_path: Pa
         with pytest.raises(ConfigError) as error:
             stage_suite(config, source, (), tmp_path / "work")
         assert "is not a Python file" in error.value.render()
+
+
+@pytest.mark.parametrize("version", ["0.33.0", "0.34.0rc1", "0.10.1.post1", "1.0.0.dev3"])
+def test_a_release_s_version_is_taken_as_given(version: str) -> None:
+    assert release_version(version, "--release") == version
+
+
+@pytest.mark.parametrize("version", ["", "garbage", "../../x", "0.33.0+cpu", "0.33.0; rm", " 0.33"])
+def test_anything_else_is_refused_naming_where_it_came_from(version: str) -> None:
+    with pytest.raises(ConfigError, match=r"^\$FENCE_AUDIT_VLLM_VERSION is .*: not a vLLM release"):
+        release_version(version, "$FENCE_AUDIT_VLLM_VERSION")
+
+
+def test_the_environment_s_version_is_checked_and_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write_pyproject(tmp_path, '[tool.fence-audit]\nvllm-version = "0.34.0"\n')
+    assert load_config(path).vllm_version_from.startswith("[tool.fence-audit] vllm-version in ")
+    monkeypatch.setenv("FENCE_AUDIT_VLLM_VERSION", "0.32.0")
+    config = load_config(path)
+    assert (config.vllm_version, config.vllm_version_from) == (
+        "0.32.0",
+        "$FENCE_AUDIT_VLLM_VERSION",
+    )
+    monkeypatch.setenv("FENCE_AUDIT_VLLM_VERSION", "../0.32.0")
+    with pytest.raises(ConfigError, match=r"FENCE_AUDIT_VLLM_VERSION is '\.\./0\.32\.0'"):
+        load_config(path)

@@ -4,7 +4,6 @@ their column, counted from the mutants on every read."""
 from __future__ import annotations
 
 import dataclasses
-
 import json
 from pathlib import Path
 from typing import Any

@@ -102,11 +102,14 @@ def test_no_cache_and_no_network_is_source_unavailable(tmp_path: Path) -> None:
     assert "--vllm-src" in info.value.details["next"]
 
 
-def test_version_missing_on_the_index_is_source_unavailable(
+def test_a_version_the_index_does_not_list_is_a_usage_error_naming_who_chose_it(
     index: FakeIndex, tmp_path: Path
 ) -> None:
-    with pytest.raises(SourceUnavailable, match="not on the package index"):
-        sdist_tests("1.0.0", index_url=index.url, cache_dir=tmp_path)
+    """The index answered: not exit 8 (unreachable), but the version given is wrong."""
+    with pytest.raises(ConfigError, match="not on the package index") as info:
+        sdist_tests("1.0.0", index_url=index.url, cache_dir=tmp_path, version_from="--release")
+    assert info.value.exit_code == ExitCode.USAGE
+    assert info.value.details["next"] == "check --release"
 
 
 def test_checkout_must_hold_tests_and_the_target(tmp_path: Path) -> None:
