@@ -31,8 +31,13 @@ class Parser(argparse.ArgumentParser):
         )
 
 
+# Above this a count, a number of days or of seconds means nothing here, and would
+# overflow the float arithmetic of times (10**400 days).
+LARGEST = 10**9
+
+
 def whole_number(minimum: int) -> Callable[[str], int]:
-    """An argparse type: a whole number of at least ``minimum``."""
+    """An argparse type: a whole number of at least ``minimum``, at most LARGEST."""
 
     def parse(text: str) -> int:
         try:
@@ -41,6 +46,8 @@ def whole_number(minimum: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, not {value}")
+        if value > LARGEST:
+            raise argparse.ArgumentTypeError(f"must be at most {LARGEST:,}, not {text}")
         return value
 
     return parse
