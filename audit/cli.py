@@ -438,7 +438,7 @@ def merge(config: Config, args: argparse.Namespace) -> ExitCode:
     as after ``mutate``; nothing runs."""
     gate = thresholds(config, args)
     previous = load_results(args.compare) if args.compare else None
-    path = pipeline.merge(config, tuple(args.shards))
+    path = pipeline.merge(config, tuple(args.shards), gate)
     print(f"fence-audit: merged {len(args.shards)} shards into {path}")
     reported = pipeline.report(config, path, previous)
     code = print_gate(pipeline.gate(reported.results, gate, config))

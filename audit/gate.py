@@ -16,7 +16,7 @@ outside every region is checked only when a threshold names it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from audit.changes import OUTSIDE
@@ -79,6 +79,21 @@ class GateResult:
         return "\n".join(lines)
 
 
+def check_region_names(thresholds: GateThresholds, known: Collection[str], results: object) -> None:
+    """Every region ``thresholds`` names is ``known`` (configured, or in the
+    ``results``): another is a typo, a ConfigError."""
+    unknown = sorted(name for name, _ in thresholds.regions if name not in known)
+    if unknown:
+        raise ConfigError(
+            f"the gate names region {unknown[0]!r}, which is neither configured nor in the results",
+            details={
+                "results": str(results),
+                "regions": ", ".join(sorted(known)) or "none",
+                "next": "fix [tool.fence-audit.gate.regions] or --fail-under-region",
+            },
+        )
+
+
 def evaluate(
     results: AuditResults, thresholds: GateThresholds, regions: Iterable[str] = ()
 ) -> GateResult:
@@ -108,17 +123,7 @@ def evaluate(
         )
     present = {region.name for region in results.regions}
     configured = set(regions)
-    known = present | configured
-    unknown = sorted(name for name, _ in thresholds.regions if name not in known)
-    if unknown:
-        raise ConfigError(
-            f"the gate names region {unknown[0]!r}, which is neither configured nor in the results",
-            details={
-                "results": str(results.path),
-                "regions": ", ".join(sorted(known)) or "none",
-                "next": "fix [tool.fence-audit.gate.regions] or --fail-under-region",
-            },
-        )
+    check_region_names(thresholds, present | configured, results.path)
     not_run = tuple(name for name, _ in thresholds.regions if name not in present)
     checks = []
     # The overall threshold speaks of every configured region: a run that left some

@@ -48,7 +48,7 @@ from audit.equivalents import Equivalent, apply_equivalents, listed_records, loa
 from audit.errors import ConfigError, RunInterrupted
 from audit.files import write_json
 from audit.findings import Finding, load_findings
-from audit.gate import GateResult, evaluate
+from audit.gate import GateResult, check_region_names, evaluate
 from audit.generation import generate_cached
 from audit.jobs import ExecutorOptions
 from audit.merge import merged_results
@@ -704,13 +704,16 @@ def unchanged(
     return path
 
 
-def merge(config: Config, paths: Sequence[Path]) -> Path:
+def merge(config: Config, paths: Sequence[Path], thresholds: GateThresholds) -> Path:
     """One run's ``audit.json`` in the reports folder, from its shards' results at
     ``paths`` (:mod:`audit.merge`: each checked first; nothing is written if one is
-    refused). Then :func:`report` and :func:`gate`, as after :func:`mutate`."""
+    refused, nor if ``thresholds`` name a region neither configured nor merged). Then
+    :func:`report` and :func:`gate`, as after :func:`mutate`."""
     outputs.check_reports_dir(config.reports_dir)
     path = config.reports_dir / "audit.json"
     document = merged_results(paths, path)
+    known = {region.name for region in config.regions} | set(document["regions"])
+    check_region_names(thresholds, known, path)
     outputs.claim(config.reports_dir, "audit.json")
     write_json(path, document)
     return path

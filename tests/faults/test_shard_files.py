@@ -26,11 +26,13 @@ from audit.outputs import MANIFEST, MANIFEST_FORMAT
 Shards = list[dict[str, Any]]
 
 
-def merge(tmp_path: Path, paths: list[Path], reports: Path | None = None) -> int:
+def merge(tmp_path: Path, paths: list[Path], reports: Path | None = None, *args: str) -> int:
     config = tmp_path / "pyproject.toml"
     config.write_text("")
     folder = reports or tmp_path / "reports"
-    return main(["merge", "--config", str(config), "--reports", str(folder), *map(str, paths)])
+    return main(
+        ["merge", "--config", str(config), "--reports", str(folder), *map(str, paths), *args]
+    )
 
 
 def said(capsys: pytest.CaptureFixture[str]) -> str:
@@ -284,3 +286,15 @@ def test_shards_of_other_scopes_are_refused(tmp_path: Path) -> None:
         part.document["scope"] = "regions"
     assert merged_document(parts)["scope"] == "regions"
     assert [m["id"] for m in merged_document(parts)["mutants"]] == run_ids()
+
+
+def test_a_gate_naming_an_unknown_region_is_refused_before_anything_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    paths = save(tmp_path, three())
+    assert merge(tmp_path, paths, None, "--fail-under-region", "nosuch=50") == ExitCode.USAGE
+    assert said(capsys).startswith(
+        "fence-audit: the gate names region 'nosuch', which is neither configured nor in the "
+        "results"
+    )
+    assert not (tmp_path / "reports").exists()
