@@ -15,7 +15,7 @@ import tomllib
 import urllib.parse
 from dataclasses import dataclass
 from importlib import resources
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from audit.errors import ConfigError
@@ -380,6 +380,13 @@ def parse_suite_path(text: str, source: str = "command line") -> SuitePath:
                 "config": source,
                 "next": "prefix the path with vllm: (inside vLLM's tests) or project: (this repo)",
             },
+        )
+    file = PurePosixPath(path.partition("::")[0])
+    if file.is_absolute() or ".." in file.parts:
+        inside = "vLLM's source tree" if root == "vllm" else "this project"
+        raise ConfigError(
+            f"suite path {text!r} leaves {inside}: a suite path is relative and stays inside",
+            details={"config": source, "next": f"give a path under {inside}, without '..'"},
         )
     optional = path.endswith("?")
     return SuitePath(root=root, path=path.rstrip("?"), optional=optional)  # type: ignore[arg-type]

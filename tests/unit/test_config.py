@@ -146,6 +146,21 @@ def test_suite_path_without_a_known_root_is_rejected(text: str) -> None:
         parse_suite_path(text)
 
 
+@pytest.mark.parametrize(
+    ("text", "leaves"),
+    [
+        ("project:../../etc/passwd", "this project"),
+        ("vllm:../../../etc/hostname", "vLLM's source tree"),
+        ("vllm:tests/../../x.py::test_a", "vLLM's source tree"),
+        ("project:/etc/passwd", "this project"),
+    ],
+)
+def test_a_suite_path_that_leaves_its_root_is_refused(text: str, leaves: str) -> None:
+    with pytest.raises(ConfigError, match=f"leaves {leaves}"):
+        parse_suite_path(text)
+    assert parse_suite_path("vllm:tests/a.py::test_b[../x]").path == "tests/a.py::test_b[../x]"
+
+
 def test_index_url_can_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FENCE_AUDIT_INDEX_URL", "http://mirror.invalid/simple")
     assert load_config().index_url == "http://mirror.invalid/simple"
