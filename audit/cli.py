@@ -37,6 +37,14 @@ from audit.reports import Written
 from audit.results import Tally, format_scores
 
 
+def compared(path: Path) -> AuditResults:
+    """The older run ``--compare`` names; a refusal says it is that option's file."""
+    try:
+        return load_results(path)
+    except ConfigError as error:
+        raise ConfigError(f"--compare: {error.summary}", details=error.details) from None
+
+
 def thresholds(config: Config, args: argparse.Namespace) -> GateThresholds:
     """The configured gate, overridden by the command line."""
     gate = config.gate
@@ -80,7 +88,7 @@ def run(args: argparse.Namespace) -> ExitCode:
     gate = thresholds(config, args) if args.command == "mutate" else None
     entries = check_inputs(config, args, gate)
     costs = shard_costs(args) if args.command == "mutate" else None
-    previous = load_results(args.compare) if getattr(args, "compare", None) else None
+    previous = compared(args.compare) if getattr(args, "compare", None) else None
     writes = args.command not in ("fetch", "regions")  # these write nothing to the reports
     since = getattr(args, "since", None)
     prepared = pipeline.prepare(
@@ -426,7 +434,7 @@ def from_results(config: Config, args: argparse.Namespace) -> ExitCode:
     if args.command == "gate":
         gate = thresholds(config, args)
         return print_gate(pipeline.gate(load_results(path), gate, config))
-    previous = load_results(args.compare) if args.compare else None
+    previous = compared(args.compare) if args.compare else None
     written = pipeline.report(config, path, previous).written
     print(f"fence-audit: report {written.index}; summary {written.summary}; {written.junit}")
     print_skipped(written)
@@ -437,7 +445,7 @@ def merge(config: Config, args: argparse.Namespace) -> ExitCode:
     """``merge``: one run's audit.json from its shards', then the reports and the gate,
     as after ``mutate``; nothing runs."""
     gate = thresholds(config, args)
-    previous = load_results(args.compare) if args.compare else None
+    previous = compared(args.compare) if args.compare else None
     path = pipeline.merge(config, tuple(args.shards), gate)
     print(f"fence-audit: merged {len(args.shards)} shards into {path}")
     reported = pipeline.report(config, path, previous)

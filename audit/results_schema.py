@@ -211,7 +211,11 @@ def _read(path: Path) -> object:
     except OSError as error:  # a folder, no permission
         raise ConfigError(
             "the results file cannot be read",
-            details={"file": str(path), "error": error.strerror or str(error)},
+            details={
+                "file": str(path),
+                "error": error.strerror or str(error),
+                "next": "give the path of an audit.json file you can read",
+            },
         ) from None
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
         raise ConfigError(
@@ -233,9 +237,21 @@ def _check_format(path: Path, document: object) -> None:
                 "next": "give the audit.json that `fence-audit mutate` writes beside it",
             },
         )
-    found = document.get("format") if isinstance(document, dict) else None
+    if not isinstance(document, dict):
+        kind = {list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+            type(document), "a number"
+        )
+        raise ConfigError(
+            f"the results file holds {kind}, not the object `fence-audit mutate` writes",
+            details={"file": str(path), "next": "give the audit.json of a fence-audit run"},
+        )
+    if "format" not in document:
+        raise ConfigError(
+            "the results file has no format field: not an audit.json of fence-audit's",
+            details={"file": str(path), "next": "give the audit.json of a fence-audit run"},
+        )
     raise ConfigError(
-        f"the results file has format {found!r}; this fence-audit reads format "
+        f"the results file has format {document['format']!r}; this fence-audit reads format "
         + " and ".join(map(str, READ_FORMATS)),
         details={"file": str(path), "next": "run `fence-audit mutate` with this version"},
     )

@@ -56,6 +56,11 @@ class TestSource:
 
 def checkout_source(path: Path, module: str) -> TestSource:
     root = path.expanduser().resolve()
+    if not root.is_dir():
+        raise ConfigError(
+            f"--vllm-src {path} " + ("is a file" if root.exists() else "does not exist"),
+            details={"next": "pass the root of a vLLM git checkout (it holds vllm/ and tests/)"},
+        )
     missing = [p for p in ("tests", module_relpath(module)) if not (root / p).exists()]
     if missing:
         raise ConfigError(

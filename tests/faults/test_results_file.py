@@ -478,3 +478,30 @@ def test_with_region_the_equivalents_of_other_regions_are_not_flagged_absent() -
     # a run of every region: each missing record is flagged
     _, states = apply_equivalents([], {}, {}, records)
     assert [s["state"] for s in states] == ["absent"] * 3
+
+
+@pytest.mark.parametrize(
+    ("held", "says"),
+    [
+        ([], "the results file holds a list, not the object `fence-audit mutate` writes"),
+        (None, "the results file holds null, not the object"),
+        ("hi", "the results file holds a string, not the object"),
+        ({}, "the results file has no format field: not an audit.json of fence-audit's"),
+    ],
+    ids=["a list", "null", "a string", "an object without format"],
+)
+def test_a_file_that_is_no_audit_json_at_all_says_what_it_holds(
+    tmp_path: Path, held: object, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "audit.json"
+    path.write_text(json.dumps(held))
+    assert cli(tmp_path, "gate", path) == ExitCode.USAGE
+    assert said(capsys).startswith(f"fence-audit: {says}")
+
+
+def test_a_missing_file_to_compare_with_is_named_as_the_compare_option_s(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    results = save(tmp_path, document())
+    assert cli(tmp_path, "report", results, "--compare", str(tmp_path / "old.json")) == 1
+    assert said(capsys).startswith(f"fence-audit: --compare: no results file (file: {tmp_path}")

@@ -112,6 +112,14 @@ def test_a_version_the_index_does_not_list_is_a_usage_error_naming_who_chose_it(
     assert info.value.details["next"] == "check --release"
 
 
+def test_a_checkout_that_is_not_a_folder_is_named_so(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        checkout_source(tmp_path / "nowhere", "vllm.a.b")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match="is a file"):
+        checkout_source(tmp_path / "file", "vllm.a.b")
+
+
 def test_checkout_must_hold_tests_and_the_target(tmp_path: Path) -> None:
     (tmp_path / "tests").mkdir()
     with pytest.raises(ConfigError, match="not a vLLM checkout"):
