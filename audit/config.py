@@ -283,16 +283,19 @@ def parse_config(table: dict[str, Any], *, source: str, project_dir: Path) -> Co
         cache_dir=cache_dir,
         cache_dir_from=cache_from,
         index_url=_index_url(table, source),
-        suite=tuple(parse_suite_path(p, source) for p in _strings(suite_table, "paths", source)),
-        offline_models=_strings(suite_table, "offline-models", source),
+        suite=tuple(
+            parse_suite_path(p, source) for p in _strings(suite_table, "paths", source, "suite")
+        ),
+        offline_models=_strings(suite_table, "offline-models", source, "suite"),
         plugins=tuple(
-            parse_suite_path(p, source) for p in _strings(suite_table, "plugins", source)
+            parse_suite_path(p, source) for p in _strings(suite_table, "plugins", source, "suite")
         ),
         random_workloads=tuple(
-            parse_suite_path(p, source) for p in _strings(suite_table, "random-workloads", source)
+            parse_suite_path(p, source)
+            for p in _strings(suite_table, "random-workloads", source, "suite")
         ),
         random_profile=_expect(
-            suite_table.get("random-profile", ""), str, "random-profile", source
+            suite_table.get("random-profile", ""), str, "suite.random-profile", source
         ),
         regions=parse_regions(table.get("regions", {}), source),
         gate=parse_gate(table.get("gate", {}), source),
@@ -510,11 +513,24 @@ def _check_keys(table: dict[str, Any], allowed: set[str], where: str, source: st
         )
 
 
+# How TOML writes each kind a key may need, to say what a wrong value should be.
+_TOML_KINDS = {
+    str: ("a string", 'in quotes, such as "text"'),
+    list: ("a list", 'in brackets, such as ["a", "b"]'),
+    dict: ("a table", "a [section] or an inline { key = value }"),
+    int: ("a whole number", "such as 2"),
+    float: ("a number", "such as 90"),
+    bool: ("true or false", "without quotes"),
+}
+
+
 def _expect(value: Any, kind: type, where: str, source: str) -> Any:
-    if not isinstance(value, kind):
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        wanted, written = _TOML_KINDS.get(kind, (f"a {kind.__name__}", ""))
+        found = next((w for k, (w, _) in _TOML_KINDS.items() if type(value) is k), "")
         raise ConfigError(
-            f"{where} must be a {kind.__name__}, not {type(value).__name__}",
-            details={"config": source},
+            f"{where} must be {wanted}, not {found or type(value).__name__}: {value!r}"[:200],
+            details={"config": source, "next": f"write {where} as {wanted}, {written}"},
         )
     return value
 
@@ -529,8 +545,9 @@ def _string(table: dict[str, Any], key: str, source: str, where: str = "") -> st
     return value
 
 
-def _strings(table: dict[str, Any], key: str, source: str) -> tuple[str, ...]:
-    values = _expect(table.get(key, []), list, key, source)
+def _strings(table: dict[str, Any], key: str, source: str, where: str = "") -> tuple[str, ...]:
+    label = f"{where}.{key}" if where else key
+    values = _expect(table.get(key, []), list, label, source)
     for value in values:
-        _expect(value, str, key, source)
+        _expect(value, str, f"each of {label}", source)
     return tuple(values)

@@ -230,7 +230,7 @@ def test_config_whose_tool_table_is_not_a_table_is_an_error(
     config = project / "pyproject.toml"
     config.write_text("tool = 1\n")
     outcome = cli(capsys, "regions", "--config", str(config))
-    assert_refused(outcome, ExitCode.USAGE, "[tool] must be a dict", str(config))
+    assert_refused(outcome, ExitCode.USAGE, "[tool] must be a table, not", str(config))
 
 
 def test_catalogue_entry_that_is_not_utf8_is_an_error(

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -236,3 +237,21 @@ def test_the_environment_s_version_is_checked_and_named(
     monkeypatch.setenv("FENCE_AUDIT_VLLM_VERSION", "../0.32.0")
     with pytest.raises(ConfigError, match=r"FENCE_AUDIT_VLLM_VERSION is '\.\./0\.32\.0'"):
         load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ("vllm-version = 0.33", "vllm-version must be a string, not a number: 0.33"),
+        ("[tool.fence-audit.suite]\npaths = 'vllm:tests'", "suite.paths must be a list, not a"),
+        ("[tool.fence-audit.suite]\npaths = ['a', 3]", "each of suite.paths must be a string"),
+        ("[tool.fence-audit.suite]\nrandom-profile = 1", "suite.random-profile must be a string"),
+    ],
+)
+def test_a_value_of_the_wrong_kind_names_its_key_and_how_to_write_it(
+    tmp_path: Path, body: str, says: str
+) -> None:
+    path = write_pyproject(tmp_path, f"[tool.fence-audit]\n{body}\n")
+    with pytest.raises(ConfigError, match=re.escape(says)) as info:
+        load_config(path)
+    assert info.value.details["next"].startswith("write ")
