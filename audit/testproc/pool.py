@@ -166,12 +166,13 @@ class _Exits:
             self._poll.unregister(fd)
             os.close(fd)
 
-    def wait(self, seconds: float) -> None:
-        """Until a watched fork ends, at most ``seconds`` (never less than a millisecond)."""
+    def wait(self, seconds: float) -> bool:
+        """Until a watched fork ends, at most ``seconds`` (never less than a millisecond,
+        never more than one second): whether a fork's end woke it."""
         if not self.usable:
             time.sleep(POLL_S)
-            return
-        self._poll.poll(max(1, min(1000, round(seconds * 1000))))
+            return False
+        return bool(self._poll.poll(max(1, min(1000, round(seconds * 1000)))))
 
     def close(self) -> None:
         for pid in list(self._fds):
