@@ -626,12 +626,25 @@ def entry() -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line; an option the command does not know is named with the command
+    (argparse's own message names only the program)."""
+    args, unknown = build_parser().parse_known_args(argv)
+    if unknown:
+        command = f"fence-audit {args.command}"
+        raise ConfigError(
+            f"{args.command}: unknown argument{'s' * (len(unknown) > 1)} {' '.join(unknown)}",
+            details={"next": f"`{command} --help` lists its options"},
+        )
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _stop)
     try:
         # A usage error is a ConfigError too (exit 1): exit 2 means the gate failed.
-        return int(run(build_parser().parse_args(argv)))
+        return int(run(parse(argv)))
     except AuditError as error:
         print(error.render(), file=sys.stderr)
         return int(error.exit_code)

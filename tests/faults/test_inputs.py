@@ -91,13 +91,22 @@ def assert_refused(outcome: tuple[int, str], code: ExitCode, *phrases: str) -> N
         (("gate", "--results"), "argument --results: expected one argument"),
         (("catalogue",), "the following arguments are required: action"),
         ((), "the following arguments are required: COMMAND"),
+        (("gate", "--bogus"), "gate: unknown argument --bogus; next: `fence-audit gate --help"),
     ],
-    ids=["not-a-number", "unknown-command", "jobs-word", "missing-value", "no-action", "none"],
+    ids=[
+        "not-a-number",
+        "unknown-command",
+        "jobs-word",
+        "missing-value",
+        "no-action",
+        "none",
+        "unknown-option",
+    ],
 )
 def test_a_usage_error_is_exit_1_with_what_to_do(
     capsys: pytest.CaptureFixture[str], no_run: None, args: tuple[str, ...], message: str
 ) -> None:
-    assert_refused(cli(capsys, *args), ExitCode.USAGE, message, "--help` lists the options")
+    assert_refused(cli(capsys, *args), ExitCode.USAGE, message, "--help` lists")
 
 
 def test_a_usage_error_ends_the_process_with_exit_1(tmp_path: Path) -> None:
