@@ -260,7 +260,7 @@ def _sort_findings(
     if not known.unexplained and not known.unlisted and pytest_ok:
         return dataclasses.replace(run, findings=known.found)
     failing = [*known.unexplained, *(test for test, _ in known.unlisted)]
-    names = "\n    ".join(failing[:10]) or f"(pytest exit {returncode})"
+    names = ", ".join(failing[:10]) or f"(pytest exit {returncode})"
     more = f" (and {len(failing) - 10} more)" if len(failing) > 10 else ""
     details = {"failed": names + more, "log": str(run.log)}
     if known.unlisted:
