@@ -293,15 +293,35 @@ class FenceEngine:
         return records
 
     def drain(self, max_steps: int = 300) -> None:
-        """Release every held transfer and step until the engine is idle."""
-        for _ in range(max_steps):
+        """Release every held transfer and step until the engine is idle: within
+        ``max_steps`` for the transfers, plus twice the tokens the unfinished requests
+        have left to compute (:meth:`work`). A queue of sixty requests in a tight pool
+        runs one at a time, so a fixed number of steps would call it stuck; an engine
+        that really is (a request never scheduled, a job never completed) exceeds any
+        bound."""
+        budget = max_steps + 2 * self.work()
+        for taken in range(budget + 1):
             self.worker.release()
             if not self.busy():
                 self.scheduler_side.flush_async_output()
                 if not self.busy():
                     return
+            if taken == budget:
+                break
             self.step()
-        raise AssertionError(f"the engine did not drain within {max_steps} steps")
+        raise AssertionError(
+            f"the engine did not drain within {budget} steps ({max_steps} for the "
+            f"transfers, and twice the tokens its requests had left)"
+        )
+
+    def work(self) -> int:
+        """The tokens the unfinished requests have left at most, computed once each:
+        their prompts and their outputs."""
+        return sum(
+            q.num_prompt_tokens + q.max_tokens
+            for q in self.requests.values()
+            if not q.is_finished()
+        )
 
     def busy(self) -> bool:
         """Whether the engine would take another step: requests, or the connector's

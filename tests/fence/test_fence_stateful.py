@@ -463,6 +463,57 @@ def test_random_workloads_with_an_external_load_past_the_window() -> None:
     run_machine(RemoteWindowMachine)
 
 
+@pytest.mark.skipif(not REMOTE_WINDOW, reason="RemoteWindowMachine does not run on this release")
+def test_a_long_queue_in_a_tight_pool_drains() -> None:
+    """A hunt's program (2026-12-05, seed 2204860933): 59 requests queued at once in a
+    pool with no spare block, then the teardown's drain. They run almost one at a
+    time, and the drain needed 300 steps: as many as a fixed budget gave it, so the
+    harness called a working engine stuck. The drain's budget now grows with the
+    tokens the requests have left."""
+    state = RemoteWindowMachine()
+    state.start(
+        async_scheduling=True,
+        block_sizes=(BLOCK, BLOCK),
+        blocks_per_chunk=2,
+        cpu_chunks=4,
+        delays=[None],
+        enabled=[False, True, False, False],
+        layout="mixed",
+        ranks="one",
+        retention=None,
+        second_worker_lag=0,
+        seed=0,
+        spare_blocks=0,
+        window_blocks=3,
+    )
+    A, B, C = PREFIXES[1], PREFIXES[3], PREFIXES[2]
+    # fmt: off
+    queue = [  # (prefix, tail, max_tokens, remote_blocks)
+        (A, 7, 9, 0), (A, 8, 9, 0), (A, 4, 7, 0), (A, 4, 1, 0), (A, 4, 1, 0), (A, 4, 1, 0),
+        (A, 4, 7, 0), (A, 4, 1, 0), (A, 10, 7, 0), (A, 4, 7, 0), (A, 5, 6, 0), (A, 4, 7, 0),
+        (B, 4, 7, 0), (A, 8, 6, 0), (A, 5, 8, 0), (A, 4, 3, 0), (B, 4, 5, 0), (A, 4, 7, 0),
+        (A, 4, 7, 0), (B, 4, 7, 0), (A, 4, 7, 0), (A, 7, 6, 0), (A, 10, 8, 0), (A, 4, 7, 0),
+        (A, 6, 5, 0), (A, 8, 6, 0), (A, 4, 2, 0), (A, 10, 10, 0), (A, 4, 1, 0), (A, 5, 10, 0),
+        (A, 4, 1, 8), (A, 4, 8, 0), (B, 8, 3, 0), (A, 4, 7, 0), (B, 8, 5, 0), (B, 8, 8, 0),
+        (A, 10, 4, 0), (A, 10, 9, 0), (B, 8, 8, 0), (A, 8, 1, 0), (A, 5, 9, 5), (B, 6, 1, 0),
+        (A, 8, 4, 0), (A, 4, 3, 0), (A, 4, 2, 0), (A, 4, 7, 0), (A, 5, 10, 0), (A, 7, 7, 0),
+        (A, 4, 7, 0), (B, 5, 6, 0), (C, 7, 3, 0), (A, 7, 4, 0), (A, 4, 2, 0), (C, 4, 9, 0),
+        (B, 5, 5, 0), (B, 7, 6, 0), (A, 5, 7, 3), (A, 5, 1, 0), (A, 5, 4, 0),
+    ]
+    # fmt: on
+    for prefix, tail, max_tokens, remote_blocks in queue:
+        state.add_request(
+            prefix=prefix, tail=tail, max_tokens=max_tokens, remote_blocks=remote_blocks
+        )
+        state.no_content_violation()
+    engine = state.engine
+    assert engine is not None
+    before = engine.step_no
+    engine.drain(max_steps=50)  # 50 steps for the transfers: the queue's budget is its own
+    assert engine.step_no - before >= 300  # what the fixed budget, off by one, did not allow
+    state.teardown()  # drained: the fence is empty, every store offered
+
+
 def _plant(monkeypatch: pytest.MonkeyPatch, cls: type, name: str, old: str, new: str) -> None:
     """Replace ``cls.name`` by a copy of its source with ``old`` changed to ``new``,
     for this test only (the installed file is not touched)."""
