@@ -104,6 +104,17 @@ class _Arrivals:
                 del self.aborts[req_id]
 
 
+# docs/triage-async-scheduling.md: with the CPU platform's async flag off under the
+# AsyncScheduler the harness runs, two or more requests can preempt one another for
+# ever. Each unfinished request preempted this many times within one drain: that cycle.
+CYCLE_PREEMPTIONS = 20
+
+
+class HarnessCycle(AssertionError):
+    """A drain that never ends on the harness's known preemption cycle
+    (docs/triage-async-scheduling.md), not on something vLLM does in a real engine."""
+
+
 class FenceEngine:
     """vLLM's scheduler and the OffloadingConnector (both roles), stepped by hand.
 
@@ -300,6 +311,7 @@ class FenceEngine:
         that really is (a request never scheduled, a job never completed) exceeds any
         bound."""
         budget = max_steps + 2 * self.work()
+        preempted = {r: q.num_preemptions for r, q in self.requests.items()}
         for taken in range(budget + 1):
             self.worker.release()
             if not self.busy():
@@ -309,10 +321,24 @@ class FenceEngine:
             if taken == budget:
                 break
             self.step()
-        raise AssertionError(
+        message = (
             f"the engine did not drain within {budget} steps ({max_steps} for the "
             f"transfers, and twice the tokens its requests had left)"
         )
+        cycling = [
+            r
+            for r, q in self.requests.items()
+            if not q.is_finished() and q.num_preemptions - preempted.get(r, 0) >= CYCLE_PREEMPTIONS
+        ]
+        unfinished = [r for r, q in self.requests.items() if not q.is_finished()]
+        flag_off = not self.vllm_config.scheduler_config.async_scheduling
+        if self.async_scheduling and flag_off and len(cycling) >= 2 and cycling == unfinished:
+            raise HarnessCycle(
+                f"{message}: requests {', '.join(cycling)} preempted one another "
+                f"{CYCLE_PREEMPTIONS} times or more each, the harness's known cycle "
+                "(docs/triage-async-scheduling.md)"
+            )
+        raise AssertionError(message)
 
     def work(self) -> int:
         """The tokens the unfinished requests have left at most, computed once each:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import inspect
 import math
 import random
+import sys
 import textwrap
 from typing import Any
 
@@ -31,6 +32,7 @@ from fence_harness import (
     RELEASE_TOLERANCE,
     ContentViolation,
     FenceEngine,
+    HarnessCycle,
 )
 from fence_oracle import FenceOracle, FenceViolation, StoreLiveness
 from fence_profiles import run_machine
@@ -124,6 +126,14 @@ SPARSE_SHORTER_HIT = has_bug("sparse-retention-shorter-hit-reads-unstored-block"
 # change to what a program does changes the programs a seed deals after it, and under
 # seed 0 they do not meet that bug.
 DENSE_SLIDING_WINDOW = False
+# Whether a teardown whose drain meets the harness's known preemption cycle
+# (docs/triage-async-scheduling.md: async scheduling under the CPU platform's flag)
+# ends its program, counted in HARNESS_CYCLES, instead of failing it. `nox -s hunt`
+# sets it: two hunts of ten minutes on 0.33.0 each stopped on a drain failure after
+# about 335 s, the second on that cycle. The ci programs and the audit leave it off.
+HARNESS_CYCLE_ENDS_PROGRAM = False
+HARNESS_CYCLES = 0
+THIS = sys.modules[__name__]  # for a test to set the two above
 
 
 class FenceMachine(RuleBasedStateMachine):
@@ -353,7 +363,14 @@ class FenceMachine(RuleBasedStateMachine):
         engine = self.engine
         if engine is None or engine.contents.violations or self.oracle.violations:
             return  # already failed; stepping on would only add noise
-        engine.drain()
+        try:
+            engine.drain()
+        except HarnessCycle:
+            if not HARNESS_CYCLE_ENDS_PROGRAM:
+                raise
+            global HARNESS_CYCLES  # noqa: PLW0603 (the hunt reads the count)
+            HARNESS_CYCLES += 1
+            return  # never drained: nothing more to check of this program
         assert engine.fence == {}, f"the fence did not drain: {engine.fence}"
         assert not engine.connector._jobs
         if self.liveness is not None and (lost := self.liveness.check(engine)):
@@ -512,6 +529,73 @@ def test_a_long_queue_in_a_tight_pool_drains() -> None:
     engine.drain(max_steps=50)  # 50 steps for the transfers: the queue's budget is its own
     assert engine.step_no - before >= 300  # what the fixed budget, off by one, did not allow
     state.teardown()  # drained: the fence is empty, every store offered
+
+
+def _cycling_program() -> FenceMachine:
+    """A hunt's program (2026-12-05, seed 1421017081), before its teardown: async
+    scheduling, the second connector, a pool with no spare block. Its drain meets the
+    harness's known preemption cycle (three requests preempted hundreds of times; with
+    the scheduler given the async flag it asked for, it drains in 8 steps)."""
+    state = FenceMachine()
+    state.start(
+        async_scheduling=True,
+        block_sizes=(BLOCK, BLOCK),
+        blocks_per_chunk=1,
+        cpu_chunks=8,
+        delays=[None],
+        eagle=False,
+        enabled=[False, True, False, True],
+        layout="full",
+        ranks="one",
+        remote_source=True,
+        retention=0,
+        second_worker_lag=0,
+        seed=0,
+        spare_blocks=0,
+        window_blocks=1,
+    )
+    a, b = PREFIXES[1], PREFIXES[3]
+    state.add_request(max_tokens=4, prefix=a, remote_blocks=0, tail=8)
+    state.step(steps=1)
+    state.follow_up(tail=0, wait=3)
+    state.follow_up(tail=3, wait=1)
+    state.step(steps=1)
+    state.follow_up(tail=0, wait=4)
+    state.add_request(max_tokens=8, prefix=b, remote_blocks=0, tail=2)
+    state.step(steps=2)
+    state.release_held()
+    state.add_request(max_tokens=1, prefix=a, remote_blocks=0, tail=0)
+    state.add_request(max_tokens=2, prefix=(), remote_blocks=0, tail=4)
+    state.step(steps=4)
+    state.release_held()
+    state.step(steps=4)
+    state.add_request(max_tokens=1, prefix=(), remote_blocks=0, tail=0)
+    return state
+
+
+def test_the_harness_cycle_fails_a_program_but_ends_a_hunt_s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with pytest.raises(HarnessCycle, match="the harness's known cycle"):
+        _cycling_program().teardown()
+    monkeypatch.setattr(THIS, "HARNESS_CYCLE_ENDS_PROGRAM", True)
+    monkeypatch.setattr(THIS, "HARNESS_CYCLES", 0)
+    _cycling_program().teardown()  # as `nox -s hunt` runs it: ended, counted
+    assert HARNESS_CYCLES == 1
+
+
+def test_a_drain_that_fails_without_the_cycle_is_not_taken_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same program with no budget beyond one step: no request was preempted
+    again, so the failure is the drain's own, whatever the hunt tolerates."""
+    monkeypatch.setattr(THIS, "HARNESS_CYCLE_ENDS_PROGRAM", True)
+    state = _cycling_program()
+    assert state.engine is not None
+    monkeypatch.setattr(state.engine, "work", lambda: 0)
+    with pytest.raises(AssertionError, match="did not drain within 1 steps") as caught:
+        state.engine.drain(max_steps=1)
+    assert not isinstance(caught.value, HarnessCycle)
 
 
 def _plant(monkeypatch: pytest.MonkeyPatch, cls: type, name: str, old: str, new: str) -> None:
