@@ -36,8 +36,8 @@ class Parser(argparse.ArgumentParser):
 LARGEST = 10**9
 
 
-def whole_number(minimum: int) -> Callable[[str], int]:
-    """An argparse type: a whole number of at least ``minimum``, at most LARGEST."""
+def whole_number(minimum: int, maximum: int = LARGEST) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least ``minimum``, at most ``maximum``."""
 
     def parse(text: str) -> int:
         try:
@@ -46,8 +46,8 @@ def whole_number(minimum: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, not {value}")
-        if value > LARGEST:
-            raise argparse.ArgumentTypeError(f"must be at most {LARGEST:,}, not {text}")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum:,}, not {text}")
         return value
 
     return parse

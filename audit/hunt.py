@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--seed",
-        type=whole_number(0),
+        type=whole_number(0, 2**64),  # a seed is no quantity: a drawn one is below 2**32
         help="the first round's seed (default: random); round k has seed + k - 1, so the "
         "seed a finding names replays its round first",
     )

@@ -79,6 +79,16 @@ def test_the_time_box_comes_from_the_option_then_the_environment_then_the_defaul
     assert usage.value.exit_code == ExitCode.USAGE
 
 
+def test_a_seed_of_any_round_a_hunt_drew_replays() -> None:
+    config = ["--config", str(PYPROJECT)]
+    drawn = {hunt_options(config, {}).seed for _ in range(20)}
+    assert all(0 <= s < 2**32 for s in drawn)
+    late = 2**32 - 1 + 500  # round 501 of a hunt that drew the largest seed
+    assert hunt_options([*config, "--seed", str(late)], {}).seed == late
+    with pytest.raises(ConfigError, match="--seed: must be at least 0"):
+        hunt_options([*config, "--seed", "-1"], {})
+
+
 def test_a_finding_is_exit_14_and_hunt_md_holds_its_program_and_invariant() -> None:
     result = _result(_finding())
     assert exit_code(result) == ExitCode.HUNT_FOUND
