@@ -22,6 +22,7 @@ import math
 import random
 import sys
 import textwrap
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -573,14 +574,48 @@ def _cycling_program() -> FenceMachine:
     return state
 
 
+def _cycle_with_a_waiter() -> FenceMachine:
+    """Another hunt's program (2026-12-05, seed 1421017090), before its teardown: two
+    requests preempt each other 633 times in 3,170 steps while a third waits behind
+    them, never scheduled; given the async flag, it drains in 12 steps."""
+    state = FenceMachine()
+    state.start(
+        async_scheduling=True,
+        block_sizes=(BLOCK, BLOCK),
+        blocks_per_chunk=1,
+        cpu_chunks=8,
+        delays=[None],
+        eagle=False,
+        enabled=[True, False, False, True],
+        layout="full",
+        ranks="one",
+        remote_source=True,
+        retention=0,
+        second_worker_lag=0,
+        seed=0,
+        spare_blocks=0,
+        window_blocks=1,
+    )
+    a, b = PREFIXES[1], PREFIXES[3]
+    state.add_request(max_tokens=3, prefix=(), remote_blocks=0, tail=7)
+    state.follow_up(tail=0, wait=1)
+    state.add_request(max_tokens=6, prefix=a, remote_blocks=0, tail=1)
+    state.follow_up(tail=0, wait=1)
+    for max_tokens, prefix, tail in [(1, (), 0), (1, (), 5), (2, a, 8), (2, b, 4), (1, (), 5)]:
+        state.add_request(max_tokens=max_tokens, prefix=prefix, remote_blocks=0, tail=tail)
+    state.add_request(max_tokens=1, prefix=(), remote_blocks=0, tail=9)
+    return state
+
+
+@pytest.mark.parametrize("program", [_cycling_program, _cycle_with_a_waiter])
 def test_the_harness_cycle_fails_a_program_but_ends_a_hunt_s(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, program: Callable[[], FenceMachine]
 ) -> None:
     with pytest.raises(HarnessCycle, match="the harness's known cycle"):
-        _cycling_program().teardown()
+        program().teardown()
     monkeypatch.setattr(THIS, "HARNESS_CYCLE_ENDS_PROGRAM", True)
     monkeypatch.setattr(THIS, "HARNESS_CYCLES", 0)
-    _cycling_program().teardown()  # as `nox -s hunt` runs it: ended, counted
+    program().teardown()  # as `nox -s hunt` runs it: ended, counted
     assert HARNESS_CYCLES == 1
 
 
