@@ -629,7 +629,11 @@ def entry() -> int:
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line; an option the command does not know is named with the command
     (argparse's own message names only the program)."""
-    args, unknown = build_parser().parse_known_args(argv)
+    parser = build_parser()
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given and given[0].startswith("-") and given[0] not in ("-h", "--help", "--version"):
+        parser.error(f"unknown argument {given[0]} before the command")  # not "COMMAND required"
+    args, unknown = parser.parse_known_args(given)
     if unknown:
         command = f"fence-audit {args.command}"
         raise ConfigError(

@@ -92,6 +92,7 @@ def assert_refused(outcome: tuple[int, str], code: ExitCode, *phrases: str) -> N
         (("catalogue",), "the following arguments are required: action"),
         ((), "the following arguments are required: COMMAND"),
         (("gate", "--bogus"), "gate: unknown argument --bogus; next: `fence-audit gate --help"),
+        (("--bogus", "gate"), "unknown argument --bogus before the command"),
     ],
     ids=[
         "not-a-number",
@@ -101,6 +102,7 @@ def assert_refused(outcome: tuple[int, str], code: ExitCode, *phrases: str) -> N
         "no-action",
         "none",
         "unknown-option",
+        "unknown-option-first",
     ],
 )
 def test_a_usage_error_is_exit_1_with_what_to_do(
