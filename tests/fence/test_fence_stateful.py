@@ -532,11 +532,9 @@ def test_a_long_queue_in_a_tight_pool_drains() -> None:
     state.teardown()  # drained: the fence is empty, every store offered
 
 
-def _cycling_program() -> FenceMachine:
-    """A hunt's program (2026-12-05, seed 1421017081), before its teardown: async
-    scheduling, the second connector, a pool with no spare block. Its drain meets the
-    harness's known preemption cycle (three requests preempted hundreds of times; with
-    the scheduler given the async flag it asked for, it drains in 8 steps)."""
+def _cycle_machine(enabled: list[bool]) -> FenceMachine:
+    """The start both cycle programs share: async scheduling, the second connector,
+    full attention, dense retention, one worker, a pool with no spare block."""
     state = FenceMachine()
     state.start(
         async_scheduling=True,
@@ -545,7 +543,7 @@ def _cycling_program() -> FenceMachine:
         cpu_chunks=8,
         delays=[None],
         eagle=False,
-        enabled=[False, True, False, True],
+        enabled=enabled,
         layout="full",
         ranks="one",
         remote_source=True,
@@ -555,6 +553,15 @@ def _cycling_program() -> FenceMachine:
         spare_blocks=0,
         window_blocks=1,
     )
+    return state
+
+
+def _cycling_program() -> FenceMachine:
+    """A hunt's program (2026-12-05, seed 1421017081), before its teardown: async
+    scheduling, the second connector, a pool with no spare block. Its drain meets the
+    harness's known preemption cycle (three requests preempted hundreds of times; with
+    the scheduler given the async flag it asked for, it drains in 8 steps)."""
+    state = _cycle_machine([False, True, False, True])
     a, b = PREFIXES[1], PREFIXES[3]
     state.add_request(max_tokens=4, prefix=a, remote_blocks=0, tail=8)
     state.step(steps=1)
@@ -578,24 +585,7 @@ def _cycle_with_a_waiter() -> FenceMachine:
     """Another hunt's program (2026-12-05, seed 1421017090), before its teardown: two
     requests preempt each other 633 times in 3,170 steps while a third waits behind
     them, never scheduled; given the async flag, it drains in 12 steps."""
-    state = FenceMachine()
-    state.start(
-        async_scheduling=True,
-        block_sizes=(BLOCK, BLOCK),
-        blocks_per_chunk=1,
-        cpu_chunks=8,
-        delays=[None],
-        eagle=False,
-        enabled=[True, False, False, True],
-        layout="full",
-        ranks="one",
-        remote_source=True,
-        retention=0,
-        second_worker_lag=0,
-        seed=0,
-        spare_blocks=0,
-        window_blocks=1,
-    )
+    state = _cycle_machine([True, False, False, True])
     a, b = PREFIXES[1], PREFIXES[3]
     state.add_request(max_tokens=3, prefix=(), remote_blocks=0, tail=7)
     state.follow_up(tail=0, wait=1)
