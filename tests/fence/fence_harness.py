@@ -313,15 +313,24 @@ class FenceEngine:
         bound."""
         budget = max_steps + 2 * self.work()
         preempted = {r: q.num_preemptions for r, q in self.requests.items()}
-        for taken in range(budget + 1):
-            self.worker.release()
-            if not self.busy():
-                self.scheduler_side.flush_async_output()
-                if not self.busy():
-                    return
+        taken = 0
+        while not self._idle():
             if taken == budget:
-                break
+                raise self._stuck(budget, max_steps, preempted)
             self.step()
+            taken += 1
+
+    def _idle(self) -> bool:
+        """Every held transfer released, and nothing left to step for."""
+        self.worker.release()
+        if self.busy():
+            return False
+        self.scheduler_side.flush_async_output()
+        return not self.busy()
+
+    def _stuck(self, budget: int, max_steps: int, preempted: dict[str, int]) -> AssertionError:
+        """Why a drain ran out of steps: the harness's known cycle (two or more requests
+        preempted CYCLE_PREEMPTIONS times each since ``preempted`` was counted), or not."""
         message = (
             f"the engine did not drain within {budget} steps ({max_steps} for the "
             f"transfers, and twice the tokens its requests had left)"
@@ -333,12 +342,12 @@ class FenceEngine:
         ]
         flag_off = not self.vllm_config.scheduler_config.async_scheduling
         if self.async_scheduling and flag_off and len(cycling) >= 2:  # others wait behind
-            raise HarnessCycle(
+            return HarnessCycle(
                 f"{message}: requests {', '.join(cycling)} preempted one another "
                 f"{CYCLE_PREEMPTIONS} times or more each, the harness's known cycle "
                 "(docs/triage-async-scheduling.md)"
             )
-        raise AssertionError(message)
+        return AssertionError(message)
 
     def work(self) -> int:
         """The tokens the unfinished requests have left at most, computed once each:
