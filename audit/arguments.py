@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from audit import __version__
-from audit.config import release_version
+from audit.config import is_release
 from audit.errors import ConfigError
 from audit.shards import Shard
 
@@ -65,11 +65,10 @@ def shard(text: str) -> Shard:
 
 
 def release(text: str) -> str:
-    """An argparse type: a vLLM release's version (:func:`config.release_version`)."""
-    try:
-        return release_version(text, "the version")
-    except ConfigError as error:
-        raise argparse.ArgumentTypeError(error.summary.removeprefix("the version is ")) from None
+    """An argparse type: a vLLM release's version (:func:`config.is_release`)."""
+    if not is_release(text):
+        raise argparse.ArgumentTypeError(f"{text!r}: not a vLLM release")
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -484,10 +484,16 @@ def _since(table: dict[str, Any], where: str, source: str) -> str:
 _RELEASE = re.compile(r"\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?")
 
 
+def is_release(text: str) -> bool:
+    """Whether ``text`` is a release's version, as PyPI lists vLLM's (it names files and
+    folders: vllm-V.tar.gz, .nox/lean-vllm-V)."""
+    return _RELEASE.fullmatch(text) is not None
+
+
 def release_version(text: str, where: str) -> str:
-    """``text`` when it is a release's version (it names files and folders: vllm-V.tar.gz,
-    .nox/lean-vllm-V); a ConfigError naming ``where`` it came from otherwise."""
-    if not _RELEASE.fullmatch(text):
+    """``text`` when it is a release's version (:func:`is_release`); a ConfigError
+    naming ``where`` it came from otherwise."""
+    if not is_release(text):
         raise ConfigError(
             f"{where} is {text!r}: not a vLLM release",
             details={"next": "give a release as PyPI lists it, such as 0.33.0"},

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from audit.changes import OUTSIDE
 from audit.config import GateThresholds
@@ -79,7 +80,7 @@ class GateResult:
         return "\n".join(lines)
 
 
-def check_region_names(thresholds: GateThresholds, known: Collection[str], results: object) -> None:
+def check_region_names(thresholds: GateThresholds, known: Collection[str], results: Path) -> None:
     """Every region ``thresholds`` names is ``known`` (configured, or in the
     ``results``): another is a typo, a ConfigError."""
     unknown = sorted(name for name, _ in thresholds.regions if name not in known)
