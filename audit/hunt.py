@@ -85,9 +85,6 @@ class HuntResult:
     finding: Finding | None = None
     interrupted: bool = False
     machines: tuple[str, ...] = tuple(name for name, _ in MACHINES)  # those that ran
-    # programs ended on the harness's known preemption cycle (not failed; see
-    # docs/triage-async-scheduling.md)
-    harness_cycles: int = 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -230,16 +227,6 @@ def render(result: HuntResult) -> str:
         + (" (shrinking included)" if finding else ""),
         f"- programs run: {result.programs} in {_count(result.rounds, 'round')}"
         + (" (shrinking included)" if finding else ""),
-        *(
-            [
-                f"- ended on the harness's known preemption cycle, not failed: "
-                f"{_count(result.harness_cycles, 'program')} "
-                "(docs/triage-async-scheduling.md: async scheduling with the CPU "
-                "platform's flag off; their fence was not checked after it)"
-            ]
-            if result.harness_cycles
-            else []
-        ),
         f"- seeds: {result.seed}"
         + (f" to {last}" if last != result.seed else "")
         + f" (round k: {result.seed} + k - 1); `nox -s hunt -- --seed {result.seed} "
@@ -250,8 +237,7 @@ def render(result: HuntResult) -> str:
     if finding is None:
         held = (
             "Every program kept every fence invariant (I1-I10), no block was overwritten "
-            "while a store read it, and the fence drained after every program"
-            + (" but those ended on the harness's cycle." if result.harness_cycles else ".")
+            "while a store read it, and the fence drained after every program."
         )
         lines += [
             f"No violation: the machines raised nothing in {result.programs} programs"

@@ -64,6 +64,12 @@ _KV_CACHE_CONFIG_FIELDS = {f.name for f in dataclasses.fields(KVCacheConfig)}
 _KV_CACHE_TENSOR_FIELDS = {f.name for f in dataclasses.fields(KVCacheTensor)}
 
 Layout = Literal["full", "sliding", "mixed"]
+# The connector's role. A consumer (``kv_both``, what vLLM's examples give the
+# OffloadingConnector) makes an engine with steps in flight defer freeing a request's
+# blocks until those steps are done (the scheduler's ``defer_block_free``); a
+# producer-only connector (``kv_producer``) does not. The OffloadingConnector itself
+# reads no role: it stores and loads alike under both.
+Role = Literal["kv_both", "kv_producer"]
 
 MODEL = "facebook/opt-125m"  # its config.json only; no weights, no tokenizer
 
@@ -231,9 +237,21 @@ def vllm_config(
     request_level: bool = False,
     remote_source: bool = False,
     retention_interval: int | None = 0,
+    kv_role: Role = "kv_both",
 ) -> VllmConfig:
     """A real vLLM config with the OffloadingConnector over
-    :class:`fence_transfers.FenceOffloadingSpec`."""
+    :class:`fence_transfers.FenceOffloadingSpec`.
+
+    The scheduler config keeps the ``async_scheduling`` asked for. vLLM's CPU
+    platform turns the flag off as the config is built (it runs no model
+    asynchronously), but the harness steps the engine as a GPU engine core does,
+    one step in flight under the ``AsyncScheduler``, and the scheduler reads the flag
+    to know that (docs/triage-async-scheduling.md)."""
+    if remote_source and kv_role != "kv_both":
+        raise ValueError(
+            f"remote_source loads KV from another connector, which a {kv_role} "
+            "connector does not: use kv_role='kv_both'"
+        )
     model = copy.deepcopy(_model_config())  # a config may change its model's
     scheduler = SchedulerConfig(
         max_num_seqs=min(16, max_num_batched_tokens),
@@ -259,7 +277,7 @@ def vllm_config(
         extra["blocks_per_chunk"] = blocks_per_chunk
     offloading = {
         "kv_connector": "OffloadingConnector",
-        "kv_role": "kv_both",
+        "kv_role": kv_role,
         "kv_connector_extra_config": extra,
     }
     remote = {
@@ -284,4 +302,5 @@ def vllm_config(
         kv_transfer_config=transfer,
     )
     config.parallel_config.world_size = workers
+    config.scheduler_config.async_scheduling = async_scheduling
     return config

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import fence_remote
-from fence_config import Layout, engine_config, vllm_config
+from fence_config import Layout, Role, engine_config, vllm_config
 from fence_contents import (
     FINAL_SLIDING_WINDOW_TAIL,
     FINAL_TOKEN_UNCOMPUTED,
@@ -104,18 +104,6 @@ class _Arrivals:
                 del self.aborts[req_id]
 
 
-# docs/triage-async-scheduling.md: with the CPU platform's async flag off under the
-# AsyncScheduler the harness runs, two or more requests can preempt one another for
-# ever (others may wait behind them). Two or more unfinished requests preempted this
-# many times each within one drain: that cycle.
-CYCLE_PREEMPTIONS = 20
-
-
-class HarnessCycle(AssertionError):
-    """A drain that never ends on the harness's known preemption cycle
-    (docs/triage-async-scheduling.md), not on something vLLM does in a real engine."""
-
-
 class FenceEngine:
     """vLLM's scheduler and the OffloadingConnector (both roles), stepped by hand.
 
@@ -144,6 +132,7 @@ class FenceEngine:
         max_num_batched_tokens: int = 64,
         request_level: bool = False,
         remote_source: bool = False,
+        kv_role: Role = "kv_both",
         retention_interval: int | None = 0,
         eagle: bool = False,
         tolerate: Sequence[str] | None = None,
@@ -180,6 +169,7 @@ class FenceEngine:
             max_num_batched_tokens=max_num_batched_tokens,
             request_level=request_level,
             remote_source=remote_source,
+            kv_role=kv_role,
         )
         self.vllm_config = config.vllm
         self.group_block_sizes = config.group_block_sizes
@@ -312,11 +302,13 @@ class FenceEngine:
         that really is (a request never scheduled, a job never completed) exceeds any
         bound."""
         budget = max_steps + 2 * self.work()
-        preempted = {r: q.num_preemptions for r, q in self.requests.items()}
         taken = 0
         while not self._idle():
             if taken == budget:
-                raise self._stuck(budget, max_steps, preempted)
+                raise AssertionError(
+                    f"the engine did not drain within {budget} steps ({max_steps} for the "
+                    "transfers, and twice the tokens its requests had left)"
+                )
             self.step()
             taken += 1
 
@@ -327,27 +319,6 @@ class FenceEngine:
             return False
         self.scheduler_side.flush_async_output()
         return not self.busy()
-
-    def _stuck(self, budget: int, max_steps: int, preempted: dict[str, int]) -> AssertionError:
-        """Why a drain ran out of steps: the harness's known cycle (two or more requests
-        preempted CYCLE_PREEMPTIONS times each since ``preempted`` was counted), or not."""
-        message = (
-            f"the engine did not drain within {budget} steps ({max_steps} for the "
-            f"transfers, and twice the tokens its requests had left)"
-        )
-        cycling = [
-            r
-            for r, q in self.requests.items()
-            if not q.is_finished() and q.num_preemptions - preempted.get(r, 0) >= CYCLE_PREEMPTIONS
-        ]
-        flag_off = not self.vllm_config.scheduler_config.async_scheduling
-        if self.async_scheduling and flag_off and len(cycling) >= 2:  # others wait behind
-            return HarnessCycle(
-                f"{message}: requests {', '.join(cycling)} preempted one another "
-                f"{CYCLE_PREEMPTIONS} times or more each, the harness's known cycle "
-                "(docs/triage-async-scheduling.md)"
-            )
-        return AssertionError(message)
 
     def work(self) -> int:
         """The tokens the unfinished requests have left at most, computed once each:

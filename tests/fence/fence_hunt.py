@@ -86,9 +86,6 @@ def hunt(
 
     # a known bug the ci programs do not meet, but the hunt's would (test_fence_stateful)
     test_fence_stateful.DENSE_SLIDING_WINDOW = test_fence_stateful.SPARSE_SHORTER_HIT
-    # the harness's known preemption cycle ends a program, counted, instead of the hunt
-    test_fence_stateful.HARNESS_CYCLE_ENDS_PROGRAM = True
-    test_fence_stateful.HARNESS_CYCLES = 0
 
     classes: dict[str, type[RuleBasedStateMachine]] = {
         "FenceMachine": FenceMachine,
@@ -141,12 +138,10 @@ def hunt(
                 break
         if interrupted:
             break
-        cycles = test_fence_stateful.HARNESS_CYCLES
         log(
             f"hunt: round {rounds} (seed {round_seed}): "
             + ("RAISED" if finding else "nothing raised")
             + f"; {programs} programs, {clock() - started:.0f} of {options.seconds} s"
-            + (f"; {cycles} ended on the harness's known cycle" if cycles else "")
         )
     return HuntResult(
         vllm_version=vllm_version,
@@ -160,7 +155,6 @@ def hunt(
         finding=finding,
         interrupted=interrupted,
         machines=tuple(name for name, _ in machines),
-        harness_cycles=test_fence_stateful.HARNESS_CYCLES,
     )
 
 

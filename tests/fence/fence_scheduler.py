@@ -99,6 +99,11 @@ class SchedulerSide:
         self.scheduler.finish_requests(req_id, RequestStatus.FINISHED_ABORTED)
 
     def preempt_all(self) -> None:
+        # A scheduler that defers freeing (a consumer connector, a step in flight)
+        # cannot reset while that step holds blocks, and raises: the engine resets
+        # only once it is idle (its pause completes the steps in flight first).
+        if self.scheduler.defer_block_free:
+            self.flush_async_output()
         self.scheduler.reset_prefix_cache(reset_running_requests=True)
 
     def reset_gpu_cache(self) -> bool:

@@ -264,28 +264,29 @@ def test_blocks_another_connector_loads_into_are_checked_against_the_fence(
 # --- the engine as vLLM configures it ------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
+@known_bug(
+    "reset-preempt-reload",
     raises=AssertionError,
-    reason="harness fault (docs/triage-async-scheduling.md): the CPU platform turns the "
-    "config's async_scheduling off while the harness runs the AsyncScheduler; fixing it "
-    "waits on re-measuring the preempted-final-store finding",
+    reason=(
+        "a, preempted by the reset, is reloaded from the CPU tier in the same step; the "
+        "preemption flush then takes its load job for a store and its assertion fails "
+        "(see docs/vllm-bug-reset-preempt-reload.md)"
+    ),
 )
 def test_two_requests_that_fit_alone_both_finish_under_async_scheduling() -> None:
     """Found by the hunt (async scheduling, a second connector, eight usable blocks):
     a has 24 tokens, all on the CPU tier, and b's prompt is there too; each fits alone,
     not both. An async load holds its blocks, so the running request, out of blocks,
     preempts itself. vLLM, with a kv_both connector, does not free the blocks of a step
-    still in flight, which the config's async_scheduling tells it; with that flag off,
-    a is preempted with its token in flight, returns as it was, and a and b preempt each
-    other for ever: the engine never drains."""
+    still in flight, which the config's async_scheduling tells it. The harness once
+    lost that flag (docs/triage-async-scheduling.md): a was preempted with its token in
+    flight, returned as it was, and a and b preempted each other for ever."""
     e = engine(num_gpu_blocks=9, cpu_chunks=16, delay=1, remote_source=True, async_scheduling=True)
     assert e.vllm_config.max_concurrent_batches == 2  # the scheduler sees async scheduling
     e.run([Plan(range(1, 9), 1, req_id="p")])  # b's prompt goes to the CPU tier
     e.add_request([*range(100, 112), *range(2000, 2007)], 8, req_id="a")
     for _ in range(5):
         e.step()
-    e.scheduler_side.flush_async_output()  # as the engine does before a reset
     e.preempt_all()  # a comes back from the CPU tier
     for _ in range(3):
         e.step()

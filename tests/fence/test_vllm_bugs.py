@@ -10,6 +10,7 @@ says which release fixed it.
 from __future__ import annotations
 
 import pytest
+from fence_config import Role
 from fence_findings import has_bug, known_bug
 from fence_harness import (
     FINAL_SLIDING_WINDOW_TAIL,
@@ -128,26 +129,41 @@ PREEMPTION_REPORT = "docs/vllm-bug-preempted-final-store.md"
     "preempted-final-store",
     raises=ContentViolation,
     reason=(
-        "with async scheduling, a request preempted while its last token "
-        "is in flight finishes with that token; the connector then builds its final "
-        "store from the blocks the preemption freed, which another request has "
-        f"already overwritten (see {PREEMPTION_REPORT})"
+        "with async scheduling and a producer-only connector, a request preempted "
+        "while its last token is in flight finishes with that token; the connector "
+        "then builds its final store from the blocks the preemption freed, which "
+        f"another request has already overwritten (see {PREEMPTION_REPORT})"
     ),
 )
 def test_final_store_of_a_request_finished_after_its_preemption_reads_its_own_data() -> None:
-    """Found by the stateful tests (long profile). Async scheduling, a pool of 8
-    usable blocks: r2 (3-token prompt, 2 new tokens) is preempted at step 3, before
-    step 2's output (its last token) is applied; block 8, its block 0, goes to r1
-    and r1's forward pass writes it. The output then finishes r2, and at step 4 the
-    connector stores r2's block 0, from block 8."""
+    """Found by the stateful tests (long profile). Async scheduling, a producer-only
+    connector, a pool of 8 usable blocks: r2 (3-token prompt, 2 new tokens) is
+    preempted at step 3, before step 2's output (its last token) is applied; block 8,
+    its block 0, goes to r1 and r1's forward pass writes it. The output then finishes
+    r2, and at step 4 the connector stores r2's block 0, from block 8."""
     _preempted_then_finished().drain()
 
 
-def _preempted_then_finished(tolerate: tuple[str, ...] | None = None) -> FenceEngine:
+def test_with_a_consumer_connector_the_same_program_stores_its_own_data() -> None:
+    """The same program with the connector a consumer too (``kv_both``, as vLLM
+    configures the OffloadingConnector): the scheduler defers freeing the blocks of
+    a step in flight, and every store reads its own request's data (on 0.33.0 r2 is
+    not even preempted: it finishes with the blocks it had)."""
+    e = _preempted_then_finished(kv_role="kv_both")
+    assert e.scheduler.defer_block_free
+    e.drain()
+    assert e.contents.violations == []
+    assert e.fence == {}
+
+
+def _preempted_then_finished(
+    tolerate: tuple[str, ...] | None = None, kv_role: Role = "kv_producer"
+) -> FenceEngine:
     e = FenceEngine(
         num_gpu_blocks=9,
         async_scheduling=True,
         cpu_chunks=2,
+        kv_role=kv_role,
         tolerate=tolerate,
         post_step_fns=[FenceOracle()],
     )

@@ -112,17 +112,6 @@ def test_nothing_found_is_exit_0_and_says_how_much_ran() -> None:
     assert exit_code(_result(interrupted=True)) == ExitCode.INTERRUPTED
 
 
-def test_programs_ended_on_the_harness_cycle_are_counted_apart() -> None:
-    assert "harness's known preemption cycle" not in render(_result())
-    text = render(_result(harness_cycles=3))
-    assert (
-        "- ended on the harness's known preemption cycle, not failed: 3 programs "
-        "(docs/triage-async-scheduling.md" in text
-    )
-    assert "the fence drained after every program but those ended on the harness's cycle." in text
-    assert exit_code(_result(harness_cycles=3)) == ExitCode.OK
-
-
 def test_the_report_names_only_the_machines_that_ran() -> None:
     every = render(_result())
     assert "`RemoteWindowMachine` of `tests/fence/test_fence_stateful.py`" in every
