@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
@@ -25,10 +26,14 @@ class Parser(argparse.ArgumentParser):
     """argparse's parser whose errors are the audit's: one line, exit 1, what to do."""
 
     def error(self, message: str) -> NoReturn:
-        raise ConfigError(
-            message,
-            details={"command": self.prog, "next": f"`{self.prog} --help` lists the options"},
-        )
+        what_to_do = f"`{self.prog} --help` lists the options"
+        # argparse takes a value that starts with '-' (--shard -1/2) for an option
+        if found := re.fullmatch(r"argument (\S+): expected one argument", message):
+            option = found[1].split("/")[-1]
+            what_to_do = (
+                f"give {option} a value (one that starts with '-' as {option}=VALUE); " + what_to_do
+            )
+        raise ConfigError(message, details={"command": self.prog, "next": what_to_do})
 
 
 # Above this a count, a number of days or of seconds means nothing here, and would

@@ -173,7 +173,8 @@ def default_cache_dir() -> Path:
 
 
 def _default_cache_dir() -> tuple[Path, str]:
-    """The default cache folder, and which variable chose it."""
+    """The default cache folder, and which variable chose it. A variable set to the
+    empty string counts as unset, as the XDG base directory specification has it."""
     if env := os.environ.get(DEFAULT_CACHE_ENV):
         return Path(env), f"${DEFAULT_CACHE_ENV}"
     if xdg := os.environ.get("XDG_CACHE_HOME"):

@@ -89,6 +89,12 @@ def assert_refused(outcome: tuple[int, str], code: ExitCode, *phrases: str) -> N
         (("frob",), "argument COMMAND: invalid choice: 'frob'"),
         (("mutate", "-j", "abc"), "argument -j/--jobs: 'abc' is not a whole number"),
         (("gate", "--results"), "argument --results: expected one argument"),
+        (
+            ("mutate", "--shard", "-1/2"),
+            "expected one argument (command: fence-audit mutate); "
+            "next: give --shard a value (one that starts with '-' as --shard=VALUE)",
+        ),
+        (("mutate", "--shard=-1/2"), "argument --shard: "),
         (("catalogue",), "the following arguments are required: action"),
         ((), "the following arguments are required: COMMAND"),
         (("gate", "--bogus"), "gate: unknown argument --bogus; next: `fence-audit gate --help"),
@@ -99,6 +105,8 @@ def assert_refused(outcome: tuple[int, str], code: ExitCode, *phrases: str) -> N
         "unknown-command",
         "jobs-word",
         "missing-value",
+        "value-like-an-option",
+        "value-after-equals",
         "no-action",
         "none",
         "unknown-option",

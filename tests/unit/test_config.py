@@ -181,6 +181,18 @@ def test_cache_dir_defaults_to_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     assert load_config().cache_dir == tmp_path / "fence-audit"
 
 
+def test_an_empty_cache_variable_counts_as_unset(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("FENCE_AUDIT_CACHE", "")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    config = load_config()
+    assert config.cache_dir == tmp_path / "fence-audit"
+    assert config.cache_dir_from == "$XDG_CACHE_HOME"
+    monkeypatch.setenv("XDG_CACHE_HOME", "")
+    assert load_config().cache_dir == Path.home() / ".cache" / "fence-audit"
+
+
 def test_plugins_are_staged_loaded_by_name_and_must_be_python_files(tmp_path: Path) -> None:
     from audit.session import pytest_args
     from audit.sources import TestSource
