@@ -71,14 +71,20 @@ def lean_env(session: nox.Session, version: str | None = None) -> Path:
         session.log(f"reusing {venv.relative_to(ROOT)} (lock unchanged)")
         return bindir
     if venv.exists():
-        session.run(sys.executable, "-c", f"import shutil; shutil.rmtree({str(venv)!r})")
-    session.run(sys.executable, "-m", "venv", str(venv), external=True)
+        session.run_install(sys.executable, "-c", f"import shutil; shutil.rmtree({str(venv)!r})")
+    session.run_install(sys.executable, "-m", "venv", str(venv), external=True)
     pip = [str(bindir / "python"), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
     extra = os.environ.get("FENCE_AUDIT_TORCH_INDEX")
     index_args = ["--extra-index-url", extra] if extra else []
-    session.run(*pip, "--no-deps", *index_args, "-r", str(lock), external=True)
-    session.run(*pip, "--no-deps", "-e", str(ROOT), external=True)
-    session.run(str(bindir / "python"), "-c", "import vllm, torch, audit", external=True)
+    session.run_install(*pip, "--no-deps", *index_args, "-r", str(lock), external=True)
+    session.run_install(*pip, "--no-deps", "-e", str(ROOT), external=True)
+    # run_install, not run: `nox --install-only` builds the environment too. Under
+    # --no-install (-R) with a reused session virtualenv nox skips it; no stamp then.
+    built = session.run_install(
+        str(bindir / "python"), "-c", "import vllm, torch, audit", external=True
+    )
+    if built is None:
+        session.error(f"{venv.relative_to(ROOT)} is not built: run once without --no-install/-R")
     stamp.write_text(digest)
     return bindir
 
@@ -93,8 +99,8 @@ def ensure_chromium(session: nox.Session) -> None:
             "or set FENCE_AUDIT_CHROMIUM; or run `nox -s tests -- -m 'not browser'`"
         )
     env = {"DEBIAN_FRONTEND": "noninteractive"}
-    session.run("apt-get", "update", "-qq", external=True, env=env)
-    session.run("apt-get", "install", "-y", "-qq", "chromium", external=True, env=env)
+    session.run_install("apt-get", "update", "-qq", external=True, env=env)
+    session.run_install("apt-get", "install", "-y", "-qq", "chromium", external=True, env=env)
 
 
 def fence_audit(session: nox.Session, *args: str) -> None:

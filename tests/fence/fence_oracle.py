@@ -371,7 +371,8 @@ class StoreLiveness:
     (dense: vLLM's reachable mask keeps every block), no EAGLE drafter (its group keeps
     a trailing block back), no second connector (its loads are not the tier's); and only
     chunks that met no cache reset before their store was built (a reset drops pending
-    chunks by design).
+    chunks by design), and of a request that finished while preempted, only the chunks
+    it still counts computed (the preemption freed the blocks that held the others).
     """
 
     INVARIANT = "L1 computed chunks are offered to the tier"
@@ -435,6 +436,14 @@ class StoreLiveness:
             keys = self.keys.get(req_id, [])
             at = self.computed_at[req_id]
             chunks = min(len(keys), len(at))
+            if request.num_preemptions:
+                # Finished while preempted: with a token in flight and nothing that
+                # defers the free (a producer-only connector), a preemption frees the
+                # blocks and the in-flight output then finishes the request. What the
+                # blocks held went with them: only the chunks it still counts computed
+                # (none) can be stored. vLLM 0.34.0 stores just those; earlier
+                # releases store from the freed blocks (preempted-final-store).
+                chunks = min(chunks, request.num_computed_tokens // self.chunk_tokens)
             own = self.offered_by.get(req_id, set())
             missing = [
                 c

@@ -523,6 +523,56 @@ def test_a_long_queue_in_a_tight_pool_drains() -> None:
     state.teardown()  # drained: the fence is empty, every store offered
 
 
+def test_a_request_finished_while_preempted_is_held_to_the_chunks_it_kept() -> None:
+    """A hunt's program on 0.34.0 (2026-12-05, seed 2622142995): async scheduling, a
+    producer-only connector, a pool with no spare block. r6 computes its chunk 1 in
+    step 33; in step 34 schedule() preempts it, freeing its blocks, and step 33's
+    output then finishes it. Nothing can store chunk 1 from blocks that are no longer
+    r6's (0.34.0 stores none; earlier releases store it from the freed block, the
+    known preempted-final-store), and L1 asked for it."""
+    state = FenceMachine()
+    state.start(
+        async_scheduling=True,
+        block_sizes=(BLOCK, BLOCK),
+        blocks_per_chunk=1,
+        cpu_chunks=2,
+        delays=[None],
+        eagle=False,
+        enabled=[False, True, False, False],
+        kv_role="kv_producer",
+        layout="full",
+        ranks="one",
+        remote_source=False,
+        retention=0,
+        second_worker_lag=0,
+        seed=0,
+        spare_blocks=0,
+        window_blocks=1,
+    )
+    a = PREFIXES[1]
+    state.step(steps=4)
+    state.add_request(max_tokens=1, prefix=(), remote_blocks=0, tail=0)
+    state.step(steps=2)
+    state.add_request(max_tokens=1, prefix=a, remote_blocks=0, tail=0)
+    state.step(steps=18)
+    state.add_request(max_tokens=5, prefix=(), remote_blocks=0, tail=0)
+    state.add_request(max_tokens=1, prefix=a, remote_blocks=0, tail=0)
+    state.follow_up(tail=0, wait=4)
+    state.add_request(max_tokens=5, prefix=(), remote_blocks=0, tail=0)
+    state.add_request(max_tokens=6, prefix=(), remote_blocks=0, tail=4)
+    state.step(steps=1)
+    state.follow_up(tail=3, wait=1)
+    engine = state.engine
+    assert engine is not None
+    state.teardown()
+    finished_while_preempted = [
+        r
+        for r, q in engine.requests.items()
+        if q.is_finished() and q.num_preemptions and q.num_computed_tokens == 0
+    ]
+    assert finished_while_preempted == ["r6"]
+
+
 def _cycle_machine(enabled: list[bool]) -> FenceMachine:
     """The start both programs below share: async scheduling, the second connector,
     full attention, dense retention, one worker, a pool with no spare block."""

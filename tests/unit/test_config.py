@@ -267,3 +267,23 @@ def test_a_value_of_the_wrong_kind_names_its_key_and_how_to_write_it(
     with pytest.raises(ConfigError, match=re.escape(says)) as info:
         load_config(path)
     assert info.value.details["next"].startswith("write ")
+
+
+def test_the_noxfile_builds_environments_under_install_only() -> None:
+    """`nox --install-only` skips session.run but not session.run_install; the lean
+    environment and Chromium are built by the latter, or the stamp of an unbuilt
+    environment would be written."""
+    import ast
+
+    tree = ast.parse((Path(__file__).parents[2] / "noxfile.py").read_text())
+    builders = {"lean_env", "ensure_chromium"}
+    calls = {
+        (f.name, node.func.attr)
+        for f in tree.body
+        if isinstance(f, ast.FunctionDef) and f.name in builders
+        for node in ast.walk(f)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in {"run", "run_install"}
+    }
+    assert calls == {("lean_env", "run_install"), ("ensure_chromium", "run_install")}
