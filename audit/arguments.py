@@ -69,6 +69,14 @@ def shard(text: str) -> Shard:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def path(text: str) -> Path:
+    """An argparse type: a path, not an empty one (an empty path is the current folder,
+    which no option means: ``--cache-dir ''`` would make it the cache)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path (leave the option out for its default)")
+    return Path(text)
+
+
 def release(text: str) -> str:
     """An argparse type: a vLLM release's version (:func:`config.is_release`)."""
     if not is_release(text):
@@ -80,14 +88,14 @@ def build_parser() -> argparse.ArgumentParser:
     common = Parser(add_help=False)
     common.add_argument(
         "--config",
-        type=Path,
+        type=path,
         help="pyproject.toml holding [tool.fence-audit] (default: ./pyproject.toml if present)",
     )
-    common.add_argument("--reports", type=Path, help="output folder (default: reports)")
-    common.add_argument("--cache-dir", type=Path, help="download cache (default: see README)")
+    common.add_argument("--reports", type=path, help="output folder (default: reports)")
+    common.add_argument("--cache-dir", type=path, help="download cache (default: see README)")
     common.add_argument(
         "--vllm-src",
-        type=Path,
+        type=path,
         metavar="PATH",
         help="a local vLLM checkout: its tests and its target module are audited",
     )
@@ -152,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_gate_options(mutate)
     mutate.add_argument(
-        "--compare", type=Path, metavar="OLD_AUDIT_JSON", help="show changes since this run"
+        "--compare", type=path, metavar="OLD_AUDIT_JSON", help="show changes since this run"
     )
     mutate.add_argument(
         "--no-catalogue",
@@ -196,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     mutate.add_argument(
         "--shard-costs",
-        type=Path,
+        type=path,
         metavar="COVERAGE_MAP",
         help="with --shard: deal by the test durations of this coverage-map.json (the same "
         "for every shard) rather than by this run's baseline",
@@ -208,11 +216,11 @@ def build_parser() -> argparse.ArgumentParser:
         "reports and check the gate, as mutate does",
     )
     merge.add_argument(
-        "shards", nargs="+", type=Path, metavar="SHARD_JSON", help="each shard's audit.json"
+        "shards", nargs="+", type=path, metavar="SHARD_JSON", help="each shard's audit.json"
     )
     add_gate_options(merge)
     merge.add_argument(
-        "--compare", type=Path, metavar="OLD_AUDIT_JSON", help="show changes since this run"
+        "--compare", type=path, metavar="OLD_AUDIT_JSON", help="show changes since this run"
     )
     report = commands.add_parser(
         "report",
@@ -220,16 +228,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="render every report (index.html, regions/, summary.md, junit.xml, mutation.json) "
         "from a saved audit.json",
     )
-    report.add_argument("--results", type=Path, help="default: REPORTS/audit.json")
+    report.add_argument("--results", type=path, help="default: REPORTS/audit.json")
     report.add_argument(
-        "--compare", type=Path, metavar="OLD_AUDIT_JSON", help="show changes since this run"
+        "--compare", type=path, metavar="OLD_AUDIT_JSON", help="show changes since this run"
     )
     gate = commands.add_parser(
         "gate",
         parents=[common],
         help="check a saved audit.json against the thresholds (exit 2 below, 3 timeouts only)",
     )
-    gate.add_argument("--results", type=Path, help="default: REPORTS/audit.json")
+    gate.add_argument("--results", type=path, help="default: REPORTS/audit.json")
     add_gate_options(gate)
     catalogue_cmd = commands.add_parser(
         "catalogue",

@@ -14,7 +14,11 @@ writes, named as it names it (:data:`KINDS`); any other file in the cache folder
 left and counted. The private homes of the test process (``hf-home``,
 ``vllm-home``) are small and made again on every run: they are left too. An entry
 pruned is only work to do again: the next run that needs it judges, runs or
-downloads it afresh.
+downloads it afresh. Nothing is pruned from a folder without the cache tag
+(:data:`TAG`), which a run writes when it first uses the folder, and a run does not
+take as its cache a folder without the tag that holds anything fence-audit would not
+have written there: a cache pointed by mistake at a project's folder is refused before
+anything in it could be mistaken for an entry.
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from audit.errors import ConfigError
+from audit.files import write_text
 
 DAY_S = 86_400.0
 _HEX32 = r"[0-9a-f]{32}"
@@ -53,7 +60,16 @@ KINDS = (
     Kind("tests", "tests", _RELEASE),  # a release's, extracted
     Kind("modules", "modules", _RELEASE),  # a release's audited module, extracted
 )
-KEPT = ("hf-home", "vllm-home", "schemas")  # left as they are: see the module's docstring
+# The cache folder's mark (https://bford.info/cachedir/, which backup tools honour):
+# written when a run first uses the folder, and required before anything is pruned.
+TAG = "CACHEDIR.TAG"
+_SIGNATURE = "Signature: 8a477f597d28d172789f06886806bc55"
+_TAG_TEXT = (
+    f"{_SIGNATURE}\n"
+    "# This file is a cache directory tag created by fence-audit.\n"
+    "# For information about cache directory tags, see https://bford.info/cachedir/\n"
+)
+KEPT = ("hf-home", "vllm-home", "schemas", TAG)  # left as they are: see the module's docstring
 # What a run killed mid-way leaves beside an entry: the temporary files of
 # ``write_text``, the generator and the verdicts, a download's ``.part`` file,
 # ``replaced_dir``'s staging folders, the forced-fail check's verdict
@@ -82,6 +98,22 @@ def used(path: Path) -> None:
     pruning keeps it. A cache fence-audit may not stamp is still read."""
     with contextlib.suppress(OSError):
         os.utime(path)
+
+
+def marked(root: Path) -> bool:
+    """Whether ``root`` carries the cache tag: a run of fence-audit used it as its cache."""
+    try:
+        with (root / TAG).open("rb") as tag:
+            return tag.read(len(_SIGNATURE)) == _SIGNATURE.encode()
+    except OSError:
+        return False
+
+
+def mark(root: Path) -> None:
+    """Tag ``root`` as fence-audit's cache (made if missing)."""
+    if not marked(root):
+        root.mkdir(parents=True, exist_ok=True)
+        write_text(root / TAG, _TAG_TEXT)
 
 
 def contents(root: Path) -> Contents:
@@ -146,8 +178,19 @@ def prune(
 
     Each entry's time is read again just before it goes: one a run used since the
     listing stays."""
+    listed = contents(root)
+    if listed.entries and not marked(root):
+        raise ConfigError(
+            f"the cache folder {root} has no {TAG}: no run of fence-audit has used it as its "
+            "cache, so nothing there is pruned",
+            details={
+                "folder": str(root),
+                "next": "check --cache-dir, $FENCE_AUDIT_CACHE or [tool.fence-audit] cache-dir; "
+                "a cache from before the tag gets it from the next run that uses it",
+            },
+        )
     wanted = None if kinds is None else frozenset(kinds)
-    chosen = [e for e in contents(root).entries if wanted is None or e.kind in wanted]
+    chosen = [e for e in listed.entries if wanted is None or e.kind in wanted]
     chosen.sort(key=lambda entry: (entry.used, str(entry.path)))
     doomed = []
     if days is not None:

@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> ExitCode:
     if args.command == "catalogue":
         return check_catalogue(config, args.vllm_src, args.release)
     if args.command == "cache":
-        check_cache_dir(config.cache_dir, config.cache_dir_from)
+        check_cache_dir(config.cache_dir, config.cache_dir_from, claim=False)
         return show_cache(config.cache_dir, args.prune, args.max_mb)
     # Every input is checked before the run: a bad one must not cost a download or a baseline.
     gate = thresholds(config, args) if args.command == "mutate" else None
@@ -405,6 +405,7 @@ def _catalogue_source(
                 "--release and --vllm-src are two sources for the same code: give one",
                 details={"next": "drop one of them"},
             )
+        check_cache_dir(config.cache_dir, config.cache_dir_from)  # the sdist goes there
 
         def from_sdist(module: str) -> tuple[str, str]:
             text = sources.sdist_module(

@@ -13,6 +13,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from audit import cache
 from audit.errors import ConfigError
 
 
@@ -36,21 +37,41 @@ def read_toml(path: Path, what: str) -> dict[str, Any]:
     raise ConfigError(f"{what} is {problem}", details=details)
 
 
-def check_cache_dir(path: Path, origin: str) -> None:
+_CACHE_NEXT = "point --cache-dir, $FENCE_AUDIT_CACHE or [tool.fence-audit] cache-dir at "
+
+
+def check_cache_dir(path: Path, origin: str, *, claim: bool = True) -> None:
     """The cache folder must be a folder fence-audit may write, or one it can create:
-    checked before anything is fetched or run. ``origin``: who chose it."""
+    checked before anything is fetched or run. ``origin``: who chose it. With
+    ``claim``, a run is about to use it: it is tagged as fence-audit's cache
+    (:func:`cache.mark`), unless, untagged, it holds what fence-audit did not write."""
     existing = next(p for p in (path, *path.parents) if p.exists())
     if not existing.is_dir():
         problem = "is a file" if existing == path else f"lies inside {existing}, a file"
     elif not os.access(existing, os.W_OK | os.X_OK):
         problem = "cannot be written"
     else:
+        if claim:
+            _claim(path, origin)
         return
     raise ConfigError(
         f"the cache folder {path} {problem}",
-        details={
-            "set by": origin,
-            "next": "point --cache-dir, $FENCE_AUDIT_CACHE or [tool.fence-audit] cache-dir "
-            "at a folder fence-audit may write",
-        },
+        details={"set by": origin, "next": _CACHE_NEXT + "a folder fence-audit may write"},
     )
+
+
+def _claim(path: Path, origin: str) -> None:
+    if path.is_dir() and not cache.marked(path):
+        foreign = cache.contents(path).foreign
+        if foreign:
+            names = ", ".join(str(p.relative_to(path)) for p in foreign[:3])
+            more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+            raise ConfigError(
+                f"the cache folder {path} holds files fence-audit did not write "
+                f"({names}{more}) and no {cache.TAG}",
+                details={
+                    "set by": origin,
+                    "next": _CACHE_NEXT + "an empty folder, or a cache fence-audit made",
+                },
+            )
+    cache.mark(path)

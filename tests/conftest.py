@@ -67,8 +67,10 @@ def _seed(cache: Path) -> None:
     and nothing is fetched twice. Baselines and verdicts made by the tests' runs stay
     out of the user's cache, where they were never read again and misled a later
     audit's "why the baseline ran again"."""
+    from audit import cache as caches
     from audit.config import default_cache_dir
 
+    caches.mark(cache)  # the tests' cache is fence-audit's: its runs may prune it
     user = default_cache_dir()
     wanted = [*sorted((user / "sdist").glob("vllm-*.tar.gz")), *(user / "schemas").glob("*")]
     for found in wanted:

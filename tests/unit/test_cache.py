@@ -13,6 +13,8 @@ import pytest
 from audit import cache, generation
 from audit.baseline_cache import BaselineCache, key_of
 from audit.cli import main
+from audit.errors import ConfigError
+from audit.inputs import check_cache_dir
 from audit.protocol import MutantStatus, Verdict, save_verdict
 from audit.sources import MARKER, sdist_module, sdist_tests
 from audit.verdict_cache import TestHasher, VerdictCache
@@ -45,6 +47,7 @@ def filled(tmp_path: Path) -> Path:
     """A cache holding one entry of each kind, a leftover, a home, and three foreign
     paths, all used 40 days ago but the fresh verdict."""
     root = tmp_path / "cache"
+    cache.mark(root)  # a run has used it
     entries = [
         write(root / "results" / f"{KEY}.json"),
         write(root / "mutations" / f"{KEY}.json"),
@@ -103,6 +106,7 @@ def test_prune_removes_the_entries_unused_for_the_days_and_nothing_else(filled: 
     assert len(removed) == 11
     left = sorted(str(p.relative_to(filled)) for p in filled.rglob("*"))
     assert left == [
+        "CACHEDIR.TAG",
         "baselines",
         "elsewhere",
         "elsewhere/a",
@@ -334,3 +338,55 @@ def test_a_baseline_run_again_says_whether_its_source_moved_or_changed(tmp_path:
     assert baselines.changed_since_last(edited) == [
         "audited source changed (sha256 111111111111 before, 222222222222 now)"
     ]
+
+
+# --- the cache tag --------------------------------------------------------------------
+
+
+def test_the_tag_follows_the_cache_directory_tagging_spec(tmp_path: Path) -> None:
+    root = tmp_path / "new" / "cache"
+    assert not cache.marked(root)
+    cache.mark(root)
+    assert cache.marked(root)
+    text = (root / cache.TAG).read_text()
+    assert text.startswith("Signature: 8a477f597d28d172789f06886806bc55\n")
+    assert cache.contents(root) == cache.Contents((), ())  # the tag is neither entry nor foreign
+
+
+def test_nothing_is_pruned_from_a_folder_without_the_tag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A project's folder given as the cache by mistake: its tests/vllm-helpers looks
+    like a release's tests, and an empty --cache-dir would have been the current folder."""
+    project = tmp_path / "project"
+    mine = write(project / "tests" / "vllm-helpers" / "test_x.py", "code")
+    aged(mine.parent, 40, now=time.time())
+    with pytest.raises(ConfigError, match=r"has no CACHEDIR\.TAG"):
+        cache.prune(project, 0)
+    assert fence_audit(tmp_path, "--cache-dir", str(project), "--prune", "0") == 1
+    assert "nothing there is pruned" in capsys.readouterr().err
+    assert fence_audit(tmp_path, "--cache-dir", "", "--prune", "0") == 1
+    assert "an empty path" in capsys.readouterr().err
+    assert mine.read_text() == "code"
+    assert cache.prune(tmp_path / "none", 0) == ()  # nothing there, nothing to refuse
+
+
+def test_a_run_tags_its_cache_but_refuses_a_folder_holding_what_is_not_fence_audit_s(
+    filled: Path, tmp_path: Path
+) -> None:
+    (filled / cache.TAG).unlink()  # a cache from before the tag: everything there is ours
+    for foreign in cache.contents(filled).foreign:
+        if foreign.is_dir():
+            foreign.rename(tmp_path / "moved-away")
+        else:
+            foreign.unlink()
+    check_cache_dir(filled, "a test")
+    assert cache.marked(filled)
+    project = tmp_path / "project"
+    write(project / "README.md", "mine")
+    with pytest.raises(ConfigError, match=r"holds files fence-audit did not write \(README\.md\)"):
+        check_cache_dir(project, "a test")
+    assert not cache.marked(project)
+    check_cache_dir(project, "a test", claim=False)  # `fence-audit cache` only lists
+    check_cache_dir(tmp_path / "fresh", "a test")
+    assert cache.marked(tmp_path / "fresh")
