@@ -131,6 +131,9 @@ def contents(root: Path) -> Contents:
         listed = list(_listing(top))
         names = {path.name for path in listed}
         for path in listed:
+            if _is_companion(path.name, kind) and not _regular(path):
+                foreign.append(path)  # fence-audit writes a companion as a file
+                continue
             if _is_companion(path.name, kind) and _main_name(path.name, kind) in names:
                 continue  # counted with its entry
             name = _kind_of(path.name, kind)
@@ -138,7 +141,7 @@ def contents(root: Path) -> Contents:
                 foreign.append(path)
                 continue
             companion = path.with_name(path.name + kind.companion) if kind.companion else None
-            if companion is not None and companion.name not in names:
+            if companion is not None and (companion.name not in names or not _regular(companion)):
                 companion = None
             size = _size(path) + (_size(companion) if companion else 0)
             entries.append(Entry(name, path, size, path.lstat().st_mtime, companion))
@@ -153,6 +156,10 @@ def _kind_of(name: str, kind: Kind) -> str | None:
     if re.fullmatch(kind.pattern, name) or _is_companion(name, kind):
         return kind.name
     return None
+
+
+def _regular(path: Path) -> bool:
+    return path.is_file() and not path.is_symlink()
 
 
 def _is_companion(name: str, kind: Kind) -> bool:

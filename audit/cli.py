@@ -28,7 +28,7 @@ from audit.config import (
 from audit.coverage_map import format_table
 from audit.errors import AuditError, ConfigError, ExitCode
 from audit.gate import GateResult
-from audit.inputs import check_cache_dir
+from audit.inputs import check_cache_dir, resolved
 from audit.jobs import ExecutorOptions
 from audit.model import Mutant, MutantResult, percent_text
 from audit.regions import resolve_regions
@@ -431,7 +431,7 @@ def _catalogue_source(
 
 def from_results(config: Config, args: argparse.Namespace) -> ExitCode:
     """``report`` and ``gate``: they read a saved audit.json and run nothing."""
-    path = (args.results or config.reports_dir / "audit.json").resolve()
+    path = resolved(args.results or config.reports_dir / "audit.json", "--results")
     if args.command == "gate":
         gate = thresholds(config, args)
         return print_gate(pipeline.gate(load_results(path), gate, config))

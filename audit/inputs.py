@@ -17,11 +17,44 @@ from audit import cache
 from audit.errors import ConfigError
 
 
+class NotARegularFile(OSError):
+    """A named pipe, socket or device where a file was asked for (its read could block)."""
+
+
+def regular_file(path: Path) -> Path:
+    """``path``, unless it exists as neither a file nor a folder: reading a named pipe
+    would wait for a writer for ever. A folder or a missing path is left to the read's
+    own error."""
+    if path.exists() and not path.is_file() and not path.is_dir():
+        raise NotARegularFile(0, "not a regular file (a named pipe, socket or device)")
+    return path
+
+
+def brief(error: object, limit: int = 160) -> str:
+    """An exception's message, cut to ``limit`` characters (a 5,000-digit number's
+    error would quote advice about interpreter limits the user cannot act on)."""
+    text = " ".join(str(error).split()).split("; use sys.set_int_max_str_digits")[0]
+    text = text or type(error).__name__
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def resolved(path: Path, what: str) -> Path:
+    """``path`` made absolute, its links followed; a link that leads back to itself is a
+    :class:`ConfigError` naming ``what`` (``Path.resolve`` raises RuntimeError there)."""
+    try:
+        return path.expanduser().resolve()
+    except (RuntimeError, OSError) as error:
+        raise ConfigError(
+            f"{what} {path} cannot be resolved: a symbolic link loop",
+            details={"error": brief(error), "next": f"point {what} at a real file or folder"},
+        ) from None
+
+
 def read_toml(path: Path, what: str) -> dict[str, Any]:
     """The TOML document at ``path``. Whatever keeps it from being read (missing, a
     folder, not UTF-8, not TOML) is a :class:`ConfigError` naming ``what`` and the file."""
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        return tomllib.loads(regular_file(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         problem, error, next_step = "not found", "", "check the path"
     except IsADirectoryError:
@@ -33,6 +66,8 @@ def read_toml(path: Path, what: str) -> dict[str, Any]:
         problem, error, next_step = "unreadable", exc.strerror or str(exc), "make it readable"
     except tomllib.TOMLDecodeError as exc:
         problem, error, next_step = "not valid TOML", str(exc), "fix it where the error says"
+    except (ValueError, RecursionError) as exc:  # a 5,000-digit number; nesting too deep
+        problem, error, next_step = "beyond what can be read", brief(exc), "shorten what it says"
     details = {"file": str(path)} | ({"error": error} if error else {}) | {"next": next_step}
     raise ConfigError(f"{what} is {problem}", details=details)
 

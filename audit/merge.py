@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from audit.errors import ConfigError, ResultsIncomplete
+from audit.inputs import resolved
 from audit.report_model import AuditResults, ShardRecord, load_results, tally_of
 from audit.results import score_fields
 from audit.results_schema import LATER_TALLY_FIELDS, TALLY_FIELDS
@@ -58,8 +59,8 @@ class Part:
 def merged_results(paths: Sequence[Path], destination: Path) -> dict[str, Any]:
     """The document of the run whose shards' results are at ``paths``, to be written to
     ``destination`` (which must not be one of them: a shard's file is not replaced)."""
-    given = {path.resolve() for path in paths}
-    if destination.resolve() in given:
+    given = {resolved(path, "the shard") for path in paths}
+    if resolved(destination, "the merged audit.json") in given:
         raise ConfigError(
             "the merged audit.json would replace a shard's results",
             details={"file": str(destination), "next": "give merge another --reports folder"},
@@ -123,8 +124,11 @@ def _in_order(given: Sequence[Part]) -> list[Part]:
     count = first.shard.count
     missing = [f"{index}/{count}" for index in range(1, count + 1) if index not in by_index]
     if missing:
+        named = ", ".join(missing[:5]) + (
+            f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        )
         raise ConfigError(
-            f"shard {', '.join(missing)} missing: the run was dealt over {count} shards",
+            f"shard {named} missing: the run was dealt over {count} shards",
             details={
                 "given": ", ".join(f"{p.shard} ({p.path})" for _, p in sorted(by_index.items())),
                 "next": "give the audit.json of every shard, 1 to N",

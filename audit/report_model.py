@@ -37,6 +37,7 @@ from audit.results_schema import (
     text,
 )
 from audit.scope import APART, FILE, OUTSIDE_REGIONS, REGIONS, SCOPES
+from audit.shards import MOST_SHARDS
 
 STATUS_ORDER = (
     MutantStatus.SURVIVED,
@@ -753,6 +754,8 @@ def _shard(
         costs=body.text("costs"),
     )
     body.close()
+    if record.count > MOST_SHARDS:
+        raise Invalid(body.where("count"), f"{record.count} is more than {MOST_SHARDS} shards")
     if not 1 <= record.index <= record.count:
         raise Invalid(body.where("index"), f"{record.index} is not in 1..{record.count}")
     _check_once(record.run, body.where("run"))

@@ -14,7 +14,6 @@ mutants say 20``).
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import fields
 from enum import StrEnum
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from audit.errors import ConfigError
+from audit.inputs import brief, regular_file
 from audit.results import READ_FORMATS, Tally
 
 _Enum = TypeVar("_Enum", bound=StrEnum)
@@ -65,20 +65,30 @@ def text(value: object, path: str) -> str:
     return value
 
 
+# No count, line, duration or percentage of a run comes near this; past it a number
+# is a damaged file's (and 10**400 would overflow a float).
+LARGEST = 10**9
+
+
 def count(value: object, path: str, minimum: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise Invalid(path, f"expected a whole number, got {kind(value)}")
     if value < minimum:
         raise Invalid(path, f"expected at least {minimum}, got {value}")
+    if value > LARGEST:
+        raise Invalid(
+            path, f"expected at most {LARGEST:,}, got a number of {len(str(value))} digits"
+        )
     return value
 
 
 def number(value: object, path: str) -> float:
-    """A finite number of at least 0 (a duration, a percentage)."""
+    """A finite number from 0 to :data:`LARGEST` (a duration, a percentage)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise Invalid(path, f"expected a number, got {kind(value)}")
-    if not math.isfinite(value) or value < 0:
-        raise Invalid(path, f"expected a finite number of at least 0, got {value}")
+    if not 0 <= value <= LARGEST:  # NaN fails both comparisons
+        shown = value if isinstance(value, float) else f"a number of {len(str(value))} digits"
+        raise Invalid(path, f"expected a finite number from 0 to {LARGEST:,}, got {shown}")
     return float(value)
 
 
@@ -202,7 +212,7 @@ _AGAIN = "run `fence-audit mutate` again"
 
 def _read(path: Path) -> object:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(regular_file(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(
             "no results file",
@@ -217,10 +227,10 @@ def _read(path: Path) -> object:
                 "next": "give the path of an audit.json file you can read",
             },
         ) from None
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
+    except (ValueError, RecursionError) as error:  # not JSON, not UTF-8, beyond reading
         raise ConfigError(
             "the results file is not valid JSON",
-            details={"file": str(path), "error": str(error), "next": _AGAIN},
+            details={"file": str(path), "error": brief(error), "next": _AGAIN},
         ) from None
 
 

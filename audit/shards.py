@@ -24,17 +24,22 @@ from __future__ import annotations
 import hashlib
 import heapq
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from audit.errors import ConfigError
+from audit.inputs import brief, regular_file
 from audit.jobs import predicted_cost
 from audit.model import COVERAGE_MAP_FORMAT, Mutant
 from audit.results_schema import Fields, Invalid
 
 MICROSECONDS = 1_000_000
+# A GitHub Actions matrix runs at most 256 jobs; past this a count is a mistake, and
+# every shard costs a slot in the partition and a line in merge's checks.
+MOST_SHARDS = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,15 +55,14 @@ class Shard:
     @classmethod
     def parse(cls, text: str) -> Shard:
         """``K/N``, with 1 <= K <= N; ValueError saying what is wrong otherwise."""
-        index, sep, count = text.partition("/")
-        try:
-            shard = cls(int(index), int(count))
-        except ValueError:
-            shard = None
-        if not sep or shard is None:
+        found = re.fullmatch(r"([0-9]{1,9})/([0-9]{1,9})", text)  # ASCII digits only
+        if found is None:
             raise ValueError(f"{text!r} is not of the form K/N (for example 2/4)")
+        shard = cls(int(found[1]), int(found[2]))
         if shard.count < 1 or not 1 <= shard.index <= shard.count:
             raise ValueError(f"{text!r}: K must lie in 1..N, and N be at least 1")
+        if shard.count > MOST_SHARDS:
+            raise ValueError(f"{text!r}: N must be at most {MOST_SHARDS}")
         return shard
 
 
@@ -126,10 +130,11 @@ def read_costs(path: Path) -> dict[str, float]:
     (``fence-audit coverage`` writes one), for every shard to deal by the same."""
     given = {"file": str(path), "next": "give the coverage-map.json `fence-audit coverage` writes"}
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+        document = json.loads(regular_file(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as error:  # ValueError: not JSON, not UTF-8
         raise ConfigError(
-            "the --shard-costs file cannot be read as JSON", details={"error": str(error), **given}
+            "the --shard-costs file cannot be read as JSON",
+            details={"error": brief(error), **given},
         ) from None
     try:
         body = Fields(document, "")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import re
 import shutil
 import tarfile
 import tempfile
@@ -30,6 +31,7 @@ from audit import cache
 from audit.environment import module_relpath, sha256_file
 from audit.errors import ConfigError, SourceIntegrityError, SourceUnavailable
 from audit.files import replaced_dir, write_text
+from audit.inputs import brief, resolved
 
 PEP691_JSON = "application/vnd.pypi.simple.v1+json"
 MARKER = ".fence-audit-complete"
@@ -55,7 +57,7 @@ class TestSource:
 
 
 def checkout_source(path: Path, module: str) -> TestSource:
-    root = path.expanduser().resolve()
+    root = resolved(path, "--vllm-src")
     if not root.is_dir():
         raise ConfigError(
             f"--vllm-src {path} " + ("is a file" if root.exists() else "does not exist"),
@@ -81,13 +83,12 @@ def sdist_tests(
     archive = cache_dir / "sdist" / filename
     digest_file = archive.with_name(filename + ".sha256")
 
-    if (tree / MARKER).is_file() and digest_file.is_file():
-        digest = digest_file.read_text().strip()
-        if (tree / MARKER).read_text().strip() == digest:
-            cache.used(tree)
-            _used_sdist(archive)
-            origin = f"sdist {filename} (sha256 {digest[:12]}, cached)"
-            return TestSource(tree, origin, identity=f"sdist {filename} sha256 {digest}")
+    digest = recorded_digest(digest_file)
+    if digest and recorded_digest(tree / MARKER) == digest:
+        cache.used(tree)
+        _used_sdist(archive)
+        origin = f"sdist {filename} (sha256 {digest[:12]}, cached)"
+        return TestSource(tree, origin, identity=f"sdist {filename} sha256 {digest}")
     digest = sdist_archive(
         version, index_url=index_url, cache_dir=cache_dir, version_from=version_from
     )
@@ -104,7 +105,13 @@ def sdist_archive(
     filename = f"vllm-{version}.tar.gz"
     archive = cache_dir / "sdist" / filename
     digest_file = archive.with_name(filename + ".sha256")
-    digest = digest_file.read_text().strip() if digest_file.is_file() else ""
+    for kept in (archive, digest_file):
+        if kept.exists() and not kept.is_file():
+            raise ConfigError(
+                f"the cache holds a folder or special file where fence-audit keeps {kept.name}",
+                details={"path": str(kept), "next": "move it out of the cache folder"},
+            )
+    digest = recorded_digest(digest_file)
     found = sha256_file(archive) if digest and archive.is_file() else ""
     if found and found == digest:
         _used_sdist(archive)
@@ -143,8 +150,8 @@ def sdist_module(
     kept = cache_dir / "modules" / f"vllm-{version}" / relpath
     digest_file = cache_dir / "sdist" / f"vllm-{version}.tar.gz.sha256"
     stamp = kept.with_name(kept.name + ".sha256")
-    fresh = kept.is_file() and stamp.is_file() and digest_file.is_file()
-    if fresh and stamp.read_text().strip() == digest_file.read_text().strip():
+    recorded = recorded_digest(digest_file)
+    if kept.is_file() and recorded and recorded_digest(stamp) == recorded:
         cache.used(cache_dir / "modules" / f"vllm-{version}")
         _used_sdist(digest_file.with_name(f"vllm-{version}.tar.gz"))  # its digest was read
         return kept.read_text(encoding="utf-8")
@@ -174,6 +181,17 @@ def sdist_module(
     return text
 
 
+def recorded_digest(path: Path) -> str:
+    """The sha256 a cache file records (a digest, a stamp), or "" when it records none
+    that can be read: missing, not a file, not text, not a digest. An unreadable record
+    is a cache miss, never an error: what it stood for is fetched or extracted again."""
+    try:
+        text = path.read_text(encoding="ascii").strip() if path.is_file() else ""
+    except (OSError, ValueError):
+        return ""
+    return text if re.fullmatch(r"[0-9a-f]{64}", text) else ""
+
+
 def _used_sdist(archive: Path) -> None:
     """Stamp a release's cached sdist and its digest, which the cache prunes together
     (:mod:`audit.cache`): a run that reads only the digest keeps the archive too."""
@@ -200,7 +218,7 @@ def _find_on_index(
                 "at a reachable index, or pass --vllm-src PATH to a vLLM checkout",
             },
         ) from None
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, nested or sized past reading
         listing = None
     if not isinstance(listing, dict) or not isinstance(listing.get("files", []), list):
         raise SourceUnavailable(
@@ -209,14 +227,25 @@ def _find_on_index(
         )
     for entry in listing.get("files", []):
         if isinstance(entry, dict) and entry.get("filename") == filename:
-            digest = (entry.get("hashes") or {}).get("sha256")
-            if not digest:
+            hashes = entry.get("hashes")
+            digest = hashes.get("sha256") if isinstance(hashes, dict) else None
+            if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-fA-F]{64}", digest):
                 raise SourceIntegrityError(
                     f"the index publishes no sha256 for {filename}",
-                    details={"index": page, "next": "use an index that publishes hashes"},
+                    details={
+                        "index": page,
+                        "hashes": brief(repr(hashes)),
+                        "next": "use an index that publishes hashes",
+                    },
                 )
-            # PEP 691 allows a URL relative to the page.
-            return urllib.parse.urljoin(page, str(entry.get("url", ""))), str(digest)
+            try:  # PEP 691 allows a URL relative to the page
+                url = urllib.parse.urljoin(page, str(entry.get("url", "")))
+            except ValueError as error:
+                raise SourceUnavailable(
+                    f"the package index gives {filename} a URL that cannot be read",
+                    details={"index": page, "error": brief(error), "next": "use another index"},
+                ) from None
+            return url, digest.lower()
     raise ConfigError(  # the index answered: the version is what is wrong
         f"{filename} is not on the package index: no vLLM release of that version",
         details={"index": page, "version from": version_from, "next": f"check {version_from}"},

@@ -34,13 +34,14 @@ class FakeIndex:
         self.sdist = make_sdist(version)
         self.digest = hashlib.sha256(self.sdist).hexdigest()
         self.requests: list[str] = []
+        self.answer: bytes | None = None  # the listing page's bytes, if not the listing
         index = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 index.requests.append(self.path)
                 if self.path == "/simple/vllm/":
-                    body = json.dumps(index.listing()).encode()
+                    body = index.answer or json.dumps(index.listing()).encode()
                 elif self.path == "/files/vllm.tar.gz":
                     body = index.sdist
                 else:

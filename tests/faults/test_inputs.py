@@ -449,3 +449,156 @@ def test_a_download_that_does_not_match_names_the_index(
         "nothing was kept",
     )
     assert not list((project / "cache" / "sdist").iterdir())
+
+
+def listed(index: FakeIndex, **changes: object) -> bytes:
+    """The index's listing with its one file's fields changed."""
+    import json
+
+    listing = index.listing()
+    files = listing["files"]
+    assert isinstance(files, list)
+    files[0].update(changes)
+    return json.dumps(listing).encode()
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize(
+    ("answer", "code", "phrase"),
+    [
+        (lambda i: listed(i, hashes=["a"]), ExitCode.SOURCE_INTEGRITY, "publishes no sha256"),
+        (lambda i: listed(i, hashes={"sha256": 7}), ExitCode.SOURCE_INTEGRITY, "no sha256"),
+        (lambda i: b"[" * 100_000, ExitCode.SOURCE_UNAVAILABLE, "did not answer with PEP 691"),
+        (
+            lambda i: b'{"files": [], "n": 1' + b"0" * 5000 + b"}",
+            ExitCode.SOURCE_UNAVAILABLE,
+            "did not answer with PEP 691",
+        ),
+        (
+            lambda i: listed(i, url="http://[::1"),
+            ExitCode.SOURCE_UNAVAILABLE,
+            "a URL that cannot be read",
+        ),
+    ],
+    ids=["hashes-a-list", "sha256-a-number", "nested-past-reading", "5000-digits", "bad-url"],
+)
+def test_an_index_answer_of_the_wrong_shape_is_one_line(
+    capsys: pytest.CaptureFixture[str],
+    project: Path,
+    index: FakeIndex,
+    answer: Callable[[FakeIndex], bytes],
+    code: ExitCode,
+    phrase: str,
+) -> None:
+    index.answer = answer(index)
+    assert_refused(fetch(capsys, project), code, phrase)
+
+
+@pytest.mark.vllm
+def test_a_cached_digest_that_is_not_text_is_a_cache_miss(
+    capsys: pytest.CaptureFixture[str], project: Path, index: FakeIndex
+) -> None:
+    assert fetch(capsys, project)[0] == ExitCode.OK
+    digest = project / "cache" / "sdist" / f"{ARCHIVE}.sha256"
+    digest.write_bytes(b"\xff\xfe")
+    code, stderr = fetch(capsys, project)
+    assert code == ExitCode.OK, stderr
+    assert digest.read_text() == index.digest + "\n"
+    assert index.requests.count("/files/vllm.tar.gz") == 2
+
+
+@pytest.mark.vllm
+def test_a_folder_where_the_cache_keeps_a_digest_is_refused_and_kept(
+    capsys: pytest.CaptureFixture[str], project: Path, index: FakeIndex
+) -> None:
+    assert fetch(capsys, project)[0] == ExitCode.OK  # a cache fence-audit made
+    digest = project / "cache" / "sdist" / f"{ARCHIVE}.sha256"
+    digest.unlink()
+    (project / "cache" / "tests" / f"vllm-{VERSION}" / ".fence-audit-complete").unlink()
+    mine = digest / "notes.txt"
+    mine.parent.mkdir()
+    mine.write_text("mine")
+    assert_refused(
+        fetch(capsys, project), ExitCode.USAGE, f"where fence-audit keeps {ARCHIVE}.sha256"
+    )
+    assert mine.read_text() == "mine"
+
+
+def test_a_symbolic_link_loop_is_one_line(
+    capsys: pytest.CaptureFixture[str], project: Path, tmp_path: Path
+) -> None:
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    config = str(project / "pyproject.toml")
+    loop = str(tmp_path / "loop1")
+    for args in (
+        ("gate", "--config", config, "--results", loop),
+        ("merge", "--config", config, loop),
+        ("regions", "--config", config, "--vllm-src", loop),
+    ):
+        assert_refused(cli(capsys, *args), ExitCode.USAGE, "a symbolic link loop")
+
+
+def test_a_named_pipe_is_refused_not_waited_on(
+    capsys: pytest.CaptureFixture[str], project: Path, tmp_path: Path
+) -> None:
+    import os
+
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    config = str(project / "pyproject.toml")
+    assert_refused(
+        cli(capsys, "gate", "--config", config, "--results", str(pipe)),
+        ExitCode.USAGE,
+        "not a regular file",
+    )
+    assert_refused(cli(capsys, "gate", "--config", str(pipe)), ExitCode.USAGE, "not a regular")
+
+
+def test_numbers_past_reading_are_one_line(
+    capsys: pytest.CaptureFixture[str], project: Path, tmp_path: Path
+) -> None:
+    """5,000 digits stop Python's int parser; 400 would overflow a float."""
+    config = str(project / "pyproject.toml")
+    results = tmp_path / "audit.json"
+    results.write_text('{"format": 1' + "0" * 5000 + "}")
+    assert_refused(
+        cli(capsys, "gate", "--config", config, "--results", str(results)),
+        ExitCode.USAGE,
+        "not valid JSON",
+        "Exceeds the limit",
+    )
+    huge = write_config(tmp_path, "[tool.fence-audit.gate]\nfail-under = 1" + "0" * 5000 + "\n")
+    assert_refused(
+        cli(capsys, "gate", "--config", str(huge), "--results", str(results)),
+        ExitCode.USAGE,
+        "beyond what can be read",
+    )
+    costs = tmp_path / "coverage-map.json"
+    costs.write_text('{"format": 1, "tests": [{"id": "t", "duration_s": 1e308}]}')
+    from audit import shards
+    from audit.errors import ConfigError
+    from audit.model import COVERAGE_MAP_FORMAT
+
+    costs.write_text(
+        f'{{"format": {COVERAGE_MAP_FORMAT}, "tests": [{{"id": "t", "duration_s": 1e308}}]}}'
+    )
+    with pytest.raises(ConfigError, match="expected a finite number from 0 to 1,000,000,000"):
+        shards.read_costs(costs)
+    costs.write_text(
+        f'{{"format": {COVERAGE_MAP_FORMAT}, "tests": [{{"id": "t", "duration_s": 1{"0" * 400}}}]}}'
+    )
+    with pytest.raises(ConfigError, match="a number of 401 digits"):
+        shards.read_costs(costs)
+
+
+@pytest.mark.parametrize(
+    "text", [" 1/2", "\uff11/\uff12", "1_0/2_0", "1/1001", "1/99999999999999999999"]
+)
+def test_a_shard_is_ascii_digits_and_at_most_a_thousand(
+    capsys: pytest.CaptureFixture[str], project: Path, text: str
+) -> None:
+    config = str(project / "pyproject.toml")
+    assert_refused(
+        cli(capsys, "mutate", "--config", config, f"--shard={text}"), ExitCode.USAGE, "--shard"
+    )
