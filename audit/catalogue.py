@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Literal
 
 from audit.config import RegionSpec, release_key
-from audit.errors import ConfigError
+from audit.errors import ConfigError, invalid_file
 from audit.inputs import read_toml
 from audit.model import Mutant
 from audit.protocol import LineEdit, apply_edits
@@ -159,30 +159,39 @@ def load_entry(path: Path) -> Entry:
     where = str(path)
     _keys(data, _ENTRY_KEYS, where)
     if data.get("format", CATALOGUE_FORMAT) != CATALOGUE_FORMAT:
-        raise ConfigError(
+        raise invalid_file(
             f"catalogue format {data.get('format')!r}; this fence-audit reads {CATALOGUE_FORMAT}",
-            details={"file": where},
+            where,
+            f"write format = {CATALOGUE_FORMAT} (or leave it out)",
         )
     expected = _text(data, "expected", where)
     if expected not in EXPECTED:
-        raise ConfigError(
+        raise invalid_file(
             f"expected = {expected!r}: must be one of {', '.join(EXPECTED)}",
-            details={"file": where},
+            where,
+            "name the suite that should kill the mutant, or known-gap if none does",
         )
     identifier = _text(data, "id", where)
     if identifier != path.stem:
-        raise ConfigError(
+        raise invalid_file(
             f"id {identifier!r} differs from the file name {path.name!r}",
-            details={"file": where, "next": f"name the file {identifier}.toml"},
+            where,
+            f"name the file {identifier}.toml",
         )
     changes = data.get("change")
     if not isinstance(changes, list) or not changes:
-        raise ConfigError("an entry needs at least one [[change]]", details={"file": where})
+        raise invalid_file(
+            "an entry needs at least one [[change]]",
+            where,
+            "add a [[change]] table with function, statement and action",
+        )
     parsed = tuple(_change(c, f"{where} [[change]] {i + 1}") for i, c in enumerate(changes))
     if len({c.function for c in parsed}) > 1:
-        raise ConfigError(
+        raise invalid_file(
             "all changes of an entry must be in one function (the executor swaps one)",
-            details={"file": where, "functions": ", ".join(sorted({c.function for c in parsed}))},
+            where,
+            "split it into one entry per function",
+            functions=", ".join(sorted({c.function for c in parsed})),
         )
     return Entry(
         id=identifier,
@@ -203,15 +212,23 @@ def load_entry(path: Path) -> Entry:
 
 def _change(data: object, where: str) -> Change:
     if not isinstance(data, dict):
-        raise ConfigError("a [[change]] must be a table", details={"file": where})
+        raise invalid_file(
+            "a [[change]] must be a table", where, "write each change as a [[change]] table"
+        )
     _keys(data, _CHANGE_KEYS, where)
     action = _text(data, "action", where)
     if action not in ACTIONS:
-        raise ConfigError(
-            f"action = {action!r}: must be one of {', '.join(ACTIONS)}", details={"file": where}
+        raise invalid_file(
+            f"action = {action!r}: must be one of {', '.join(ACTIONS)}",
+            where,
+            "pick the action that makes the bug (mutants/README.md lists what each does)",
         )
     if action == "edit" and not isinstance(data.get("new"), str):
-        raise ConfigError("'new' must be a string (empty to delete 'old')", details={"file": where})
+        raise invalid_file(
+            "'new' must be a string (empty to delete 'old')",
+            where,
+            'write new = "TEXT", or new = "" to delete old',
+        )
     needs = {
         "edit": ("old",),
         "replace": ("new",),
@@ -222,9 +239,15 @@ def _change(data: object, where: str) -> Change:
     for key in needs:
         if key != "after":
             _text(data, key, where)
-    occurrence = data.get("occurrence", 0)
-    if not isinstance(occurrence, int) or occurrence < 0:
-        raise ConfigError("occurrence must be a whole number >= 1", details={"file": where})
+    occurrence = data.get("occurrence", 0)  # absent: 0, the anchor must be unique
+    if "occurrence" in data and (
+        isinstance(occurrence, bool) or not isinstance(occurrence, int) or occurrence < 1
+    ):
+        raise invalid_file(
+            f"occurrence = {occurrence!r}: must be a whole number >= 1",
+            where,
+            "count the matching statements from 1, or leave occurrence out if the anchor is unique",
+        )
     statements = _texts(data, "statement", where)
     afters = _texts(data, "after", where) if action == "move_after" else ("",)
     return Change(
@@ -246,7 +269,11 @@ def _texts(data: Mapping[str, object], key: str, where: str) -> tuple[str, ...]:
     if isinstance(value, list) and value and all(isinstance(v, str) and v.strip() for v in value):
         return tuple(value)
     if isinstance(value, list):
-        raise ConfigError(f"{key!r} must be a non-empty list of strings", details={"file": where})
+        raise invalid_file(
+            f"{key!r} must be a non-empty list of strings",
+            where,
+            "give the anchor as a string, or its alternatives in order",
+        )
     return (_text(data, key, where),)
 
 
@@ -254,7 +281,11 @@ def _shape(data: object, where: str) -> Shape | None:
     if data is None:
         return None
     if not isinstance(data, dict):
-        raise ConfigError("carried-when must be a table", details={"file": where})
+        raise invalid_file(
+            "carried-when must be a table",
+            where,
+            "write [carried-when] with function and statement (and after, if needed)",
+        )
     _keys(data, {"function", "statement", "after"}, f"{where} [carried-when]")
     return Shape(
         function=_text(data, "function", where),
@@ -266,9 +297,10 @@ def _shape(data: object, where: str) -> Shape | None:
 def _release(data: Mapping[str, object], where: str) -> str:
     value = data.get("since", "")
     if value and release_key(value) is None:
-        raise ConfigError(
+        raise invalid_file(
             f'since = {value!r}: must be a vLLM release such as "0.29.0"',
-            details={"file": where},
+            where,
+            "give the release that brought the code, or remove since",
         )
     return str(value)
 
@@ -288,16 +320,22 @@ def function_aliases(specs: Iterable[RegionSpec]) -> dict[str, tuple[str, ...]]:
 def _keys(data: Mapping[str, object], allowed: set[str], where: str) -> None:
     unknown = sorted(set(data) - allowed)
     if unknown:
-        raise ConfigError(
+        raise invalid_file(
             f"unknown key {unknown[0]!r} in a catalogue entry",
-            details={"file": where, "allowed": ", ".join(sorted(allowed))},
+            where,
+            "correct it to an allowed key, or remove it",
+            allowed=", ".join(sorted(allowed)),
         )
 
 
 def _text(data: Mapping[str, object], key: str, where: str) -> str:
     value = data.get(key)
     if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"{key!r} must be a non-empty string", details={"file": where})
+        raise invalid_file(
+            f"{key!r} must be a non-empty string",
+            where,
+            f'write {key} = "..." (see mutants/README.md, "An entry")',
+        )
     return value
 
 

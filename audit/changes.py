@@ -23,6 +23,7 @@ from typing import Any
 
 from audit.catalogue import CatalogueMutants
 from audit.errors import ConfigError
+from audit.inputs import resolved
 from audit.regions import Region, Span, module_functions
 
 # The group of the changed code that lies in no region (or straddles one's edge): a
@@ -62,7 +63,7 @@ class ChangedCode:
 def changed_since(checkout: Path, ref: str, path: str) -> ChangedCode:
     """The lines of ``checkout/path`` that changed since ``ref``; a checkout that is
     not a git repository, or a ref git does not know, is a ConfigError (exit 1)."""
-    root = checkout.expanduser().resolve()
+    root = resolved(checkout, "--vllm-src")
     _git(root, ref, "rev-parse", "--git-dir", failure=_not_a_repository)
     if ref.startswith("-"):  # never read as an option of git's
         raise _unknown_ref(root, ref, "a ref does not start with '-'")
@@ -80,8 +81,9 @@ def changed_since(checkout: Path, ref: str, path: str) -> ChangedCode:
         # git diff would not see it; and a folder that is not a vLLM checkout inside
         # another repository looks like this too.
         raise ConfigError(
-            f"--since {ref}: git does not track {path} in {root}",
+            f"--since {ref}: git does not track {path}",
             details={
+                "checkout": str(root),
                 "next": f"git -C {root} add {path} (a new file is compared as added), or "
                 "pass --vllm-src the root of a git checkout of vLLM",
             },
@@ -280,8 +282,9 @@ def _renames(name_status: str) -> Iterator[tuple[str, str]]:
 
 def _not_a_repository(root: Path, ref: str, why: str) -> ConfigError:
     return ConfigError(
-        f"--since {ref}: the checkout {root} is not a git repository",
+        f"--since {ref}: the checkout is not a git repository",
         details={
+            "checkout": str(root),
             "git": why.splitlines()[0] if why else "",
             "next": "pass --vllm-src a git checkout of vLLM (git clone), or drop --since "
             "to audit the whole fence",
@@ -291,8 +294,9 @@ def _not_a_repository(root: Path, ref: str, why: str) -> ConfigError:
 
 def _unknown_ref(root: Path, ref: str, why: str) -> ConfigError:
     return ConfigError(
-        f"--since {ref}: git does not know {ref!r} in {root}",
+        f"--since {ref}: git does not know {ref!r}",
         details={
+            "checkout": str(root),
             "next": f"fetch it first (git -C {root} fetch origin {ref}), or pass a branch, "
             f"tag or commit the checkout has (git -C {root} log --oneline)",
         },
@@ -301,6 +305,10 @@ def _unknown_ref(root: Path, ref: str, why: str) -> ConfigError:
 
 def _git_failed(root: Path, ref: str, why: str) -> ConfigError:
     return ConfigError(
-        f"--since {ref}: git failed in {root}",
-        details={"git": why.splitlines()[0] if why else "", "next": "run the git command by hand"},
+        f"--since {ref}: git failed",
+        details={
+            "checkout": str(root),
+            "git": why.splitlines()[0] if why else "",
+            "next": "run the git command by hand",
+        },
     )

@@ -138,7 +138,11 @@ class Config:
                 return region
         raise ConfigError(
             f"no region named {name!r}",
-            details={"known": ", ".join(r.name for r in self.regions), "config": self.source},
+            details={
+                "known": ", ".join(r.name for r in self.regions),
+                "config": self.source,
+                "next": "name a known region, or configure it under [tool.fence-audit.regions]",
+            },
         )
 
 
@@ -365,7 +369,11 @@ def percentage(value: Any, where: str, source: str) -> float:
     """A threshold: a number from 0 to 100 (100 means exactly 100)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(
-            f"{where} must be a number from 0 to 100, not {value!r}", details={"config": source}
+            f"{where} must be a number from 0 to 100, not {value!r}",
+            details={
+                "config": source,
+                "next": f"write {where} as a percentage such as 90, unquoted",
+            },
         )
     if not 0 <= value <= 100:
         raise ConfigError(
@@ -418,7 +426,14 @@ def parse_regions(table: Any, source: str) -> tuple[RegionSpec, ...]:
             )
         )
     if not regions:
-        raise ConfigError("no regions configured", details={"config": source})
+        raise ConfigError(
+            "no regions configured",
+            details={
+                "config": source,
+                "next": "add [tool.fence-audit.regions.NAME] tables with [[...select]] entries, "
+                "or remove the empty [tool.fence-audit.regions] to keep the built-in regions",
+            },
+        )
     return tuple(regions)
 
 
@@ -437,7 +452,11 @@ def _parse_selection(body: Any, where: str, source: str) -> Selection:
         if part not in ("statement", "header"):
             raise ConfigError(
                 f"{where}.statements: part must be 'statement' or 'header', not {part!r}",
-                details={"config": source, "function": names[0]},
+                details={
+                    "config": source,
+                    "function": names[0],
+                    "next": 'write part = "statement" or part = "header"',
+                },
             )
         matches = _alternatives(item, "match", f"{where}.statements", source)
         selectors.append(
@@ -476,7 +495,10 @@ def _since(table: dict[str, Any], where: str, source: str) -> str:
     if value and release_key(value) is None:
         raise ConfigError(
             f'{where}.since must be a vLLM release such as "0.29.0", not {value!r}',
-            details={"config": source},
+            details={
+                "config": source,
+                "next": "give the release that brought the code, or remove since",
+            },
         )
     return str(value)
 
@@ -493,11 +515,11 @@ def is_release(text: str) -> bool:
 
 def release_version(text: str, where: str) -> str:
     """``text`` when it is a release's version (:func:`is_release`); a ConfigError
-    naming ``where`` it came from otherwise."""
+    naming ``where`` it came from (its ``set by`` detail) otherwise."""
     if not is_release(text):
         raise ConfigError(
-            f"{where} is {text!r}: not a vLLM release",
-            details={"next": "give a release as PyPI lists it, such as 0.33.0"},
+            f"the vLLM version {text!r} is not a release",
+            details={"set by": where, "next": "give a release as PyPI lists it, such as 0.33.0"},
         )
     return text
 
@@ -516,7 +538,11 @@ def _check_keys(table: dict[str, Any], allowed: set[str], where: str, source: st
     if unknown:
         raise ConfigError(
             f"unknown key {unknown[0]!r} in {where}",
-            details={"config": source, "allowed": ", ".join(sorted(allowed))},
+            details={
+                "config": source,
+                "allowed": ", ".join(sorted(allowed)),
+                "next": "correct it to an allowed key, or remove it",
+            },
         )
 
 
@@ -545,10 +571,16 @@ def _expect(value: Any, kind: type, where: str, source: str) -> Any:
 def _string(table: dict[str, Any], key: str, source: str, where: str = "") -> str:
     label = f"{where}.{key}" if where else key
     if key not in table:
-        raise ConfigError(f"missing key {label!r}", details={"config": source})
+        raise ConfigError(
+            f"missing key {label!r}", details={"config": source, "next": f"set {label}"}
+        )
     value: str = _expect(table[key], str, label, source)
     if not value.strip():
-        raise ConfigError(f"{label} must not be empty", details={"config": source})
+        default = "" if where and where != "deep" else ", or remove it to use the default"
+        raise ConfigError(
+            f"{label} must not be empty",
+            details={"config": source, "next": f"give {label} a value{default}"},
+        )
     return value
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from audit.errors import ConfigError
+from audit.errors import invalid_file
 from audit.inputs import read_toml
 from audit.model import Mutant, MutantResult
 from audit.protocol import MutantStatus
@@ -55,8 +55,10 @@ def load_equivalents(path: Path | None) -> tuple[Equivalent, ...]:
     data = read_toml(path, "the equivalents file")
     records = data.get("equivalent", [])
     if not isinstance(records, list) or set(data) - {"equivalent"}:
-        raise ConfigError(
-            "the equivalents file holds only [[equivalent]] tables", details={"file": str(path)}
+        raise invalid_file(
+            "the equivalents file holds only [[equivalent]] tables",
+            str(path),
+            "move anything else out; write each verdict as an [[equivalent]] table",
         )
     out = []
     for number, record in enumerate(records, 1):
@@ -64,8 +66,10 @@ def load_equivalents(path: Path | None) -> tuple[Equivalent, ...]:
         values = _strings(record, _KEYS, _KEYS | {"also"}, where)
         also = record.get("also", [])
         if not isinstance(also, list):
-            raise ConfigError(
-                "'also' must be a list of [[equivalent.also]] tables", details={"file": where}
+            raise invalid_file(
+                "'also' must be a list of [[equivalent.also]] tables",
+                where,
+                "write each other site as an [[equivalent.also]] table below its verdict",
             )
         sites = tuple(
             Site(**_strings(site, _SITE_KEYS, _SITE_KEYS, f"{where} [[also]] {n}"))
@@ -78,14 +82,20 @@ def load_equivalents(path: Path | None) -> tuple[Equivalent, ...]:
 def _strings(record: object, keys: set[str], allowed: set[str], where: str) -> dict[str, str]:
     """``record``'s ``keys``, each a non-empty string; a key outside ``allowed`` is an error."""
     if not isinstance(record, dict) or set(record) - allowed:
-        raise ConfigError(
+        raise invalid_file(
             "unknown key in an [[equivalent]]",
-            details={"file": where, "allowed": ", ".join(sorted(allowed))},
+            where,
+            "correct it to an allowed key, or remove it",
+            allowed=", ".join(sorted(allowed)),
         )
     values = {key: record.get(key) for key in keys}
     for key, value in values.items():
         if not isinstance(value, str) or not value.strip():
-            raise ConfigError(f"{key!r} must be a non-empty string", details={"file": where})
+            raise invalid_file(
+                f"{key!r} must be a non-empty string",
+                where,
+                f'write {key} = "..." (see mutants/README.md, "Equivalent mutants")',
+            )
     return values  # type: ignore[return-value]
 
 

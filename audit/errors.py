@@ -109,3 +109,10 @@ class RunInterrupted(AuditError):
     """Ctrl-C (or SIGTERM) during a run; the verdicts so far are kept."""
 
     exit_code = ExitCode.INTERRUPTED
+
+
+def invalid_file(summary: str, where: str, next_step: str, **more: str) -> ConfigError:
+    """A file the project writes for the audit (a catalogue entry, the equivalents or the
+    findings file) that cannot be read as one: ``where`` names the file (and the table in
+    it), ``more`` any other detail, ``next_step`` what to change there."""
+    return ConfigError(summary, details={"file": where, **more, "next": next_step})

@@ -205,7 +205,12 @@ def _run(
     if missing is not None:
         raise ExecutorFailed(
             f"{missing.count} covering tests were not collected by the executor",
-            details={"first": missing.tests[0], "log": str(log)},
+            details={
+                "first": missing.tests[0],
+                "log": str(log),
+                "next": "read the log; if the suite changed since the coverage map was "
+                "made, run fence-audit coverage again",
+            },
         )
     if checked is None:
         raise ExecutorFailed(

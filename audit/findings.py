@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from audit.config import release_key
-from audit.errors import ConfigError
+from audit.errors import invalid_file
 from audit.inputs import read_toml
 from audit.protocol import PROJECT_PREFIX
 
@@ -66,41 +66,62 @@ def load_findings(path: Path | None, project_dir: Path) -> tuple[Finding, ...]:
     data = read_toml(path, "findings file")
     entries = data.get("finding", [])
     if not isinstance(entries, list):
-        raise ConfigError("[[finding]] must be an array of tables", details={"file": str(path)})
+        raise invalid_file(
+            "[[finding]] must be an array of tables",
+            str(path),
+            "write each finding as a [[finding]] table",
+        )
     findings = tuple(
         _finding(entry, f"{path} [[finding]] {n}") for n, entry in enumerate(entries, 1)
     )
     ids = [f.id for f in findings]
     if len(set(ids)) != len(ids):
-        raise ConfigError("two findings share an id", details={"file": str(path)})
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        raise invalid_file(
+            f"two findings share the id {twice[0]!r}",
+            str(path),
+            "give each finding its own id, or merge the two",
+        )
     for finding in findings:
         if not (project_dir / finding.doc).is_file():
-            raise ConfigError(
+            raise invalid_file(
                 f"finding {finding.id!r}: its write-up {finding.doc} does not exist",
-                details={"file": str(path), "next": "write it, or fix the doc path"},
+                str(path),
+                "write it, or fix the doc path",
             )
     return findings
 
 
 def _finding(entry: object, where: str) -> Finding:
     if not isinstance(entry, dict):
-        raise ConfigError("a [[finding]] must be a table", details={"file": where})
+        raise invalid_file(
+            "a [[finding]] must be a table", where, "write it as a [[finding]] table"
+        )
     unknown = sorted(set(entry) - _KEYS)
     if unknown:
-        raise ConfigError(f"unknown key {unknown[0]!r} in a finding", details={"file": where})
+        raise invalid_file(
+            f"unknown key {unknown[0]!r} in a finding",
+            where,
+            "correct it to an allowed key, or remove it",
+            allowed=", ".join(sorted(_KEYS)),
+        )
     texts = {key: entry.get(key) for key in ("id", "title", "doc")}
     lists = {key: entry.get(key) for key in ("releases", "tests")}
     for key, value in texts.items():
         if not isinstance(value, str) or not value.strip():
-            raise ConfigError(f"{key!r} must be a non-empty string", details={"file": where})
+            raise invalid_file(f"{key!r} must be a non-empty string", where, f'write {key} = "..."')
     for key, value in lists.items():
         if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
-            raise ConfigError(
-                f"{key!r} must be a non-empty list of strings", details={"file": where}
+            raise invalid_file(
+                f"{key!r} must be a non-empty list of strings", where, f'write {key} = ["..."]'
             )
     for release in lists["releases"] or ():
         if release_key(release) is None:
-            raise ConfigError(f"{release!r} is not a vLLM release", details={"file": where})
+            raise invalid_file(
+                f"{release!r} is not a vLLM release",
+                where,
+                'list releases as PyPI names them, such as "0.33.0"',
+            )
     return Finding(
         id=str(texts["id"]),
         title=str(texts["title"]),

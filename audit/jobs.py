@@ -234,7 +234,14 @@ def forced_failure(source: str, reference: Job) -> Job:
         source = Path(reference.path).read_text(encoding="utf-8")
     node = find_function(_parsed(source), function)
     if node is None:
-        raise ExecutorFailed(f"forced-fail check: function {function} not found")
+        raise ExecutorFailed(
+            f"forced-fail check: function {function} not found",
+            details={
+                "module": reference.module or "the audited target",
+                "next": "report this bug in fence-audit: its mutants were made from the "
+                "same source",
+            },
+        )
     line = node.body[0].lineno
     text = source.splitlines()[line - 1]
     indent = text[: len(text) - len(text.lstrip())]

@@ -55,7 +55,8 @@ def check_reports_dir(root: Path) -> None:
     not write, or cannot write into at all. Writes nothing; run it before the baseline."""
     if root.exists() and not root.is_dir():
         raise ConfigError(
-            f"reports folder {root} is a file, not a folder; choose a folder with --reports"
+            "the reports folder is a file, not a folder",
+            details={"folder": str(root), "next": "choose a folder with --reports"},
         )
     written = _read(root)
     foreign = _unlisted(root, written)
@@ -226,15 +227,23 @@ def _check_writable(root: Path) -> None:
     existing = next(p for p in (root, *root.parents) if p.exists())
     if not existing.is_dir():
         raise ConfigError(
-            f"reports folder {root} cannot be created: {existing} is a file; "
-            "choose another folder with --reports"
+            "the reports folder cannot be created: a path above it is a file",
+            details={
+                "folder": str(root),
+                "file": str(existing),
+                "next": "choose another folder with --reports",
+            },
         )
     try:
         fd, probe = tempfile.mkstemp(dir=existing, prefix=".fence-audit-probe-")
     except OSError as error:
         raise ConfigError(
-            f"reports folder {root} is not writable ({error.strerror}: {existing}); "
-            "make it writable or choose another folder with --reports"
+            "the reports folder is not writable",
+            details={
+                "folder": str(root),
+                "error": f"{error.strerror}: {existing}",
+                "next": "make it writable, or choose another folder with --reports",
+            },
         ) from None
     os.close(fd)
     Path(probe).unlink()
@@ -243,13 +252,22 @@ def _check_writable(root: Path) -> None:
 def _foreign_error(root: Path, foreign: list[str]) -> ConfigError:
     shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
     return ConfigError(
-        f"reports folder {root} holds files fence-audit did not write ({shown}); "
-        "choose an empty folder or move them out"
+        "the reports folder holds files fence-audit did not write",
+        details={
+            "folder": str(root),
+            "files": shown,
+            "next": "choose an empty folder with --reports, or move them out",
+        },
     )
 
 
 def _damaged(path: Path, reason: str) -> ConfigError:
     return ConfigError(
-        f"{path} is not a manifest fence-audit can read ({reason}); choose an empty folder "
-        "with --reports, or move out the files fence-audit wrote and delete the manifest",
+        "the reports folder's manifest is not one fence-audit can read",
+        details={
+            "manifest": str(path),
+            "error": reason,
+            "next": "choose an empty folder with --reports, or move out the files "
+            "fence-audit wrote and delete the manifest",
+        },
     )

@@ -213,7 +213,11 @@ def load_entries(config: Config) -> tuple[Entry, ...]:
             raise ConfigError(
                 f"catalogue entry {entry.id!r} names region {entry.region!r}, which is not "
                 "configured",
-                details={"file": str(entry.path), "regions": ", ".join(sorted(names))},
+                details={
+                    "file": str(entry.path),
+                    "regions": ", ".join(sorted(names)),
+                    "next": "set region to a configured one, or configure this region",
+                },
             )
     return entries
 

@@ -119,8 +119,11 @@ def write_pages(folder: Path) -> list[Path]:
     rows = collect(folder)
     if not rows:
         raise ConfigError(
-            f"no release audit in {folder}",
-            details={"next": "run `nox -s releases` (it audits into reports/releases/VERSION)"},
+            "no release audit found",
+            details={
+                "folder": str(folder),
+                "next": "run `nox -s releases` (it audits into reports/releases/VERSION)",
+            },
         )
     texts = {
         "index.html": render_html(rows),

@@ -83,8 +83,11 @@ def _remove_staged(root: Path) -> None:
             root.rmdir()  # empty: a run stopped before it wrote the marker
             return
         raise ConfigError(
-            f"{root} is not a suite root fence-audit staged (it holds no {STAGED}); move it "
-            "away: fence-audit rebuilds this folder whole"
+            f"the suite folder is not a suite root fence-audit staged: it holds no {STAGED}",
+            details={
+                "folder": str(root),
+                "next": "move it away; fence-audit rebuilds this folder whole",
+            },
         )
     shutil.rmtree(root)
 

@@ -55,8 +55,12 @@ def workload_tests(tree: Path) -> list[str]:
         ids = suite["random-workloads"]
     except (OSError, KeyError, tomllib.TOMLDecodeError) as error:
         raise ConfigError(
-            f"{tree / DEFAULTS}: no suite.random-workloads ({error}); choose a revision "
-            "that has random workloads configured"
+            "the defaults name no suite.random-workloads",
+            details={
+                "file": str(tree / DEFAULTS),
+                "error": str(error),
+                "next": "choose a revision that has random workloads configured",
+            },
         ) from None
     return [test.removeprefix("project:") for test in ids]
 
@@ -75,8 +79,11 @@ def run_once(tree: Path, tests: list[str], junit: Path) -> float:
     )
     if done.returncode != 0:
         raise ConfigError(
-            f"{tree}: the random workloads failed (pytest exit {done.returncode}); run "
-            f"`python -m pytest {' '.join(tests)}` there to see why"
+            f"the random workloads failed (pytest exit {done.returncode})",
+            details={
+                "tree": str(tree),
+                "next": f"run python -m pytest {' '.join(tests)} there to see why",
+            },
         )
     cases = ElementTree.parse(junit).getroot().iter("testcase")
     return sum(float(case.get("time", "0")) for case in cases)
@@ -90,7 +97,13 @@ def bench(against: str, rounds: int, reports: Path) -> dict[str, object]:
         check=False,
     )
     if resolved.returncode != 0:
-        raise ConfigError(f"--against {against}: git knows no such revision in {ROOT}")
+        raise ConfigError(
+            f"--against {against}: git knows no such revision",
+            details={
+                "repository": str(ROOT),
+                "next": "give a branch, tag or commit of this repository (git log --oneline)",
+            },
+        )
     commit = resolved.stdout.strip()
     with tempfile.TemporaryDirectory(prefix="fence-audit-workloads-") as scratch:
         old = Path(scratch) / "tree"

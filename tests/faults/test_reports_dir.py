@@ -52,10 +52,12 @@ def run(command: str, tmp_path: Path, reports: Path | str) -> int:
 
 
 def one_line(capsys: pytest.CaptureFixture[str]) -> str:
-    """The error: one line on stderr, no traceback."""
+    """The error: one line on stderr, no traceback: what failed, where, what to do next."""
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
     assert "Traceback" not in err
+    assert " (folder: " in err or " (manifest: " in err, err
+    assert "; next: " in err, err
     return err
 
 
@@ -78,7 +80,10 @@ def test_a_users_file_in_regions_is_kept_and_the_report_refused(
     before = snapshot(reports)
     capsys.readouterr()
     assert run("report", tmp_path, reports) == ExitCode.USAGE
-    assert "holds files fence-audit did not write (regions/notes.txt)" in one_line(capsys)
+    assert (
+        f"holds files fence-audit did not write (folder: {reports}; files: regions/notes.txt)"
+        in one_line(capsys)
+    )
     assert snapshot(reports) == before  # the notes, and the earlier reports whole
 
 
@@ -89,8 +94,9 @@ def test_a_users_file_in_coverage_is_kept_and_the_html_refused(tmp_path: Path) -
     assert (folder / "index.html").is_file()
     (folder / "notes.txt").write_text("my notes")
     before = snapshot(folder)
-    with pytest.raises(ConfigError, match=r"did not write \(coverage/notes.txt\)"):
+    with pytest.raises(ConfigError, match="did not write") as info:
         write_html(run_, folder)
+    assert info.value.details["files"] == "coverage/notes.txt"
     assert snapshot(folder) == before
     (folder / "notes.txt").unlink()
     write_html(run_, folder)  # its own files it replaces
@@ -111,10 +117,10 @@ def test_reports_dot_in_a_repository_is_refused_before_anything_runs(
     before = snapshot(repo)
     assert run(command, tmp_path, repo) == ExitCode.USAGE
     message = one_line(capsys)
-    assert f"reports folder {repo} holds files fence-audit did not write (coverage/, src/)" in (
-        message
-    )
-    assert "choose an empty folder or move them out" in message
+    assert (
+        f"the reports folder holds files fence-audit did not write (folder: {repo}; "
+        "files: coverage/, src/); next: choose an empty folder with --reports, or move them out"
+    ) in message
     assert snapshot(repo) == before
     assert names(repo) == [".gitignore", "coverage", "src"]  # no manifest either
     assert not (tmp_path / "cache").exists()  # nothing fetched: refused first
@@ -176,8 +182,8 @@ def test_a_read_only_reports_folder_is_one_line_and_exit_1(
 ) -> None:
     assert run(command, tmp_path, read_only) == ExitCode.USAGE
     message = one_line(capsys)
-    assert f"reports folder {read_only} is not writable (Permission denied" in message
-    assert "make it writable or choose another folder with --reports" in message
+    assert f"the reports folder is not writable (folder: {read_only}; error: Permission" in message
+    assert "; next: make it writable, or choose another folder with --reports" in message
     assert names(read_only) == []
     assert not (tmp_path / "cache").exists()  # checked before anything else
 
@@ -188,7 +194,10 @@ def test_a_reports_path_naming_a_file_is_one_line_and_exit_1(
     path = tmp_path / "results.txt"
     path.write_text("mine")
     assert run("report", tmp_path, path) == ExitCode.USAGE
-    assert f"reports folder {path} is a file, not a folder" in one_line(capsys)
+    assert (
+        f"the reports folder is a file, not a folder (folder: {path}); "
+        "next: choose a folder with --reports"
+    ) in one_line(capsys)
     assert path.read_text() == "mine"
 
 
@@ -201,7 +210,8 @@ def test_a_work_folder_fence_audit_did_not_create_is_refused(
     (reports / ".work" / "suite" / "notes.txt").write_text("mine")
     capsys.readouterr()
     assert run("coverage", tmp_path, reports) == ExitCode.USAGE
-    assert "did not write (.work/)" in one_line(capsys)
+    assert "did not write (folder: " in (line := one_line(capsys))
+    assert "; files: .work/); next: " in line
     assert (reports / ".work" / "suite" / "notes.txt").read_text() == "mine"
 
 
@@ -214,8 +224,10 @@ def test_a_suite_root_fence_audit_did_not_stage_is_kept(tmp_path: Path) -> None:
     notes = work / "suite" / "notes.txt"
     notes.parent.mkdir(parents=True)
     notes.write_text("mine")
-    with pytest.raises(ConfigError, match="is not a suite root fence-audit staged"):
+    with pytest.raises(ConfigError, match="is not a suite root fence-audit staged") as info:
         stage_suite(config, source, (), work)
+    assert info.value.details["folder"] == str(work / "suite")
+    assert "move it away" in info.value.details["next"]
     assert notes.read_text() == "mine"
     notes.unlink()
     notes.parent.rmdir()
@@ -236,7 +248,7 @@ def test_a_stale_report_fence_audit_did_not_write_is_kept(
     mine.write_text("my own Stryker report")
     capsys.readouterr()
     assert run("report", tmp_path, reports) == ExitCode.USAGE
-    assert "did not write (mutation.json)" in one_line(capsys)
+    assert f"did not write (folder: {reports}; files: mutation.json)" in one_line(capsys)
     write_reports(load_results(RESULTS), reports)  # called directly: still kept
     assert mine.read_text() == "my own Stryker report"
 
@@ -263,7 +275,10 @@ def test_a_damaged_manifest_vouches_for_nothing(
     before = snapshot(tmp_path)
     capsys.readouterr()
     assert run("report", tmp_path, reports) == ExitCode.USAGE
-    assert f"{reports / MANIFEST} is not a manifest fence-audit can read" in one_line(capsys)
+    assert (
+        f"the reports folder's manifest is not one fence-audit can read "
+        f"(manifest: {reports / MANIFEST}; error: "
+    ) in one_line(capsys)
     assert snapshot(tmp_path) == before
 
 
@@ -278,7 +293,7 @@ def test_a_regions_folder_turned_into_a_link_is_not_followed(
     before = snapshot(elsewhere)
     capsys.readouterr()
     assert run("report", tmp_path, reports) == ExitCode.USAGE
-    assert "did not write (regions)" in one_line(capsys)
+    assert f"did not write (folder: {reports}; files: regions)" in one_line(capsys)
     assert snapshot(elsewhere) == before
 
 

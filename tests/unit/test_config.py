@@ -231,8 +231,10 @@ def test_a_release_s_version_is_taken_as_given(version: str) -> None:
 
 @pytest.mark.parametrize("version", ["", "garbage", "../../x", "0.33.0+cpu", "0.33.0; rm", " 0.33"])
 def test_anything_else_is_refused_naming_where_it_came_from(version: str) -> None:
-    with pytest.raises(ConfigError, match=r"^\$FENCE_AUDIT_VLLM_VERSION is .*: not a vLLM release"):
+    with pytest.raises(ConfigError, match=r"^the vLLM version .* is not a release$") as info:
         release_version(version, "$FENCE_AUDIT_VLLM_VERSION")
+    assert info.value.details["set by"] == "$FENCE_AUDIT_VLLM_VERSION"
+    assert info.value.render().endswith("; next: give a release as PyPI lists it, such as 0.33.0")
 
 
 def test_the_environment_s_version_is_checked_and_named(
@@ -247,8 +249,9 @@ def test_the_environment_s_version_is_checked_and_named(
         "$FENCE_AUDIT_VLLM_VERSION",
     )
     monkeypatch.setenv("FENCE_AUDIT_VLLM_VERSION", "../0.32.0")
-    with pytest.raises(ConfigError, match=r"FENCE_AUDIT_VLLM_VERSION is '\.\./0\.32\.0'"):
+    with pytest.raises(ConfigError, match=r"the vLLM version '\.\./0\.32\.0' is not") as info:
         load_config(path)
+    assert info.value.details["set by"] == "$FENCE_AUDIT_VLLM_VERSION"
 
 
 @pytest.mark.parametrize(

@@ -137,5 +137,6 @@ def test_hunt_md_is_listed_as_fence_audits_and_a_foreign_one_is_refused(tmp_path
     (theirs / "logs").mkdir(parents=True)
     outputs.claim(theirs, "logs/baseline.log")
     (theirs / "hunt.md").write_text("someone's notes\n")
-    with pytest.raises(ConfigError, match=r"hunt\.md"):
+    with pytest.raises(ConfigError, match="did not write") as info:
         outputs.check_reports_dir(theirs)
+    assert info.value.details["files"] == "hunt.md"
