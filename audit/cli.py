@@ -406,6 +406,7 @@ def _catalogue_source(
                 details={"next": "drop one of them"},
             )
         check_cache_dir(config.cache_dir, config.cache_dir_from)  # the sdist goes there
+        cache.mark(config.cache_dir)
 
         def from_sdist(module: str) -> tuple[str, str]:
             text = sources.sdist_module(

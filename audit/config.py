@@ -19,7 +19,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from audit.errors import ConfigError
-from audit.inputs import read_toml
+from audit.inputs import read_toml, resolved
 
 DEFAULT_CACHE_ENV = "FENCE_AUDIT_CACHE"
 INDEX_URL_ENV = "FENCE_AUDIT_INDEX_URL"
@@ -96,6 +96,7 @@ class DeepLook:
 
 
 DEFAULT_DEEP_SECONDS = DeepLook().seconds
+DEEP_SECONDS_MOST = 86_400 * 365  # a year: more is a typo, and 10**400 overflows a float
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,11 +194,11 @@ def config_from_arguments(args: Any) -> Config:
     pyproject = args.config
     if pyproject is None and Path("pyproject.toml").is_file():
         pyproject = Path("pyproject.toml")
-    config = load_config(pyproject.resolve() if pyproject else None)
+    config = load_config(resolved(pyproject, "--config") if pyproject else None)
     if args.reports:
-        config = dataclasses.replace(config, reports_dir=args.reports.resolve())
+        config = dataclasses.replace(config, reports_dir=resolved(args.reports, "--reports"))
     if getattr(args, "cache_dir", None):
-        cache = args.cache_dir.resolve()
+        cache = resolved(args.cache_dir, "--cache-dir")
         config = dataclasses.replace(config, cache_dir=cache, cache_dir_from="--cache-dir")
     if getattr(args, "plugin", None):
         plugins = tuple(parse_suite_path(p) for p in args.plugin)
@@ -340,9 +341,13 @@ def parse_deep(table: Any, source: str) -> DeepLook:
     _expect(table, dict, "deep", source)
     _check_keys(table, _DEEP_KEYS, "deep", source)
     seconds = table.get("seconds", DEFAULT_DEEP_SECONDS)
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0:
+    number = not isinstance(seconds, bool) and isinstance(seconds, int | float)
+    if not number or not 0 < seconds <= DEEP_SECONDS_MOST:  # NaN, inf and 10**400 too
+        huge = number and isinstance(seconds, int) and seconds > DEEP_SECONDS_MOST
+        shown = f"a number of {len(str(seconds))} digits" if huge else None
         raise ConfigError(
-            f"deep.seconds must be a number of seconds above 0, not {seconds!r}",
+            f"deep.seconds must be a number of seconds above 0 and at most "
+            f"{DEEP_SECONDS_MOST:,}, not {shown or repr(seconds)}",
             details={"config": source, "next": "e.g. deep = { seconds = 300 }"},
         )
     profile = _string(table, "profile", source, "deep") if "profile" in table else "deep"

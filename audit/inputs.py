@@ -77,9 +77,9 @@ _CACHE_NEXT = "point --cache-dir, $FENCE_AUDIT_CACHE or [tool.fence-audit] cache
 
 def check_cache_dir(path: Path, origin: str, *, claim: bool = True) -> None:
     """The cache folder must be a folder fence-audit may write, or one it can create:
-    checked before anything is fetched or run. ``origin``: who chose it. With
-    ``claim``, a run is about to use it: it is tagged as fence-audit's cache
-    (:func:`cache.mark`), unless, untagged, it holds what fence-audit did not write."""
+    checked before anything is fetched or run, writing nothing. ``origin``: who chose
+    it. With ``claim``, a run will use it and tag it (:func:`cache.mark`, when it first
+    writes there): an untagged folder must then hold nothing fence-audit did not write."""
     existing = next(p for p in (path, *path.parents) if p.exists())
     if not existing.is_dir():
         problem = "is a file" if existing == path else f"lies inside {existing}, a file"
@@ -109,4 +109,3 @@ def _claim(path: Path, origin: str) -> None:
                     "next": _CACHE_NEXT + "an empty folder, or a cache fence-audit made",
                 },
             )
-    cache.mark(path)

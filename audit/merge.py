@@ -269,7 +269,10 @@ def _equivalents(parts: Sequence[Part]) -> list[dict[str, Any]]:
                 raise ConfigError(
                     f"shards {parts[holders[0]].shard} and {parts[n].shard} disagree on "
                     f"the equivalents record {record_id}",
-                    details={"files": f"{parts[holders[0]].path}, {parts[n].path}"},
+                    details={
+                        "files": f"{parts[holders[0]].path}, {parts[n].path}",
+                        "next": _ONE_RUN,
+                    },
                 )
             at[n] += 1
         merged.append(record)

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from audit import (
     alone,
+    cache,
     catalogue,
     changes,
     coverage_map,
@@ -158,6 +159,7 @@ def prepare(
     entries, equivalents = load_entries(config), load_equivalents(config.equivalents_file)
     vllm = environment.installed_vllm(config.vllm_version, config.vllm_version_from)
     before = environment.verify_untouched(vllm, config.target)
+    cache.mark(config.cache_dir)  # every check passed: the run's first write there
     if vllm_src is not None:
         source = sources.checkout_source(vllm_src, config.target)
     else:

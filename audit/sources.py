@@ -343,7 +343,11 @@ def _tests_members(
         chosen.append(member)
     if not chosen:
         raise SourceIntegrityError(
-            f"{archive.name} holds no tests/ folder", details={"archive": str(archive)}
+            f"{archive.name} holds no tests/ folder",
+            details={
+                "archive": str(archive),
+                "next": "delete it and run again; suspect the index or a mirror if it recurs",
+            },
         )
     return chosen
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from fake_index import FakeIndex, make_sdist
 
-from audit import environment
+from audit import cache, environment
 from audit.cli import main
 from audit.config import load_config
 from audit.errors import ExitCode
@@ -499,6 +499,7 @@ def test_a_cached_digest_that_is_not_text_is_a_cache_miss(
     capsys: pytest.CaptureFixture[str], project: Path, index: FakeIndex
 ) -> None:
     assert fetch(capsys, project)[0] == ExitCode.OK
+    assert cache.marked(project / "cache")  # the run tagged the cache it wrote
     digest = project / "cache" / "sdist" / f"{ARCHIVE}.sha256"
     digest.write_bytes(b"\xff\xfe")
     code, stderr = fetch(capsys, project)
@@ -532,6 +533,9 @@ def test_a_symbolic_link_loop_is_one_line(
     config = str(project / "pyproject.toml")
     loop = str(tmp_path / "loop1")
     for args in (
+        ("gate", "--config", loop),
+        ("report", "--config", config, "--reports", loop),
+        ("cache", "--config", config, "--cache-dir", loop),
         ("gate", "--config", config, "--results", loop),
         ("merge", "--config", config, loop),
         ("regions", "--config", config, "--vllm-src", loop),

@@ -226,7 +226,7 @@ DAMAGED = {
     "a duration that is not a number": (
         ("duration_s",),
         float("nan"),
-        "duration_s: expected a finite number of at least 0, got nan",
+        "duration_s: expected a finite number from 0 to 1,000,000,000, got nan",
     ),
     "an unknown equivalence state": (
         ("equivalents", 0, "state"),

@@ -12,7 +12,6 @@ from pathlib import Path
 from test_toy_shards import SUITE, toy  # noqa: F401  (the fixture)
 
 from audit import cache, pipeline
-from audit.inputs import check_cache_dir
 from audit.jobs import ExecutorOptions
 from audit.protocol import MutantStatus
 
@@ -37,7 +36,7 @@ def test_a_prune_after_a_run_keeps_what_the_next_run_needs(
         toy, config=dataclasses.replace(toy.config, reports_dir=tmp_path / "reports")
     )
     root = prepared.config.cache_dir
-    check_cache_dir(root, "the toy's configuration")  # as the command line does: tagged
+    cache.mark(root)  # as pipeline.prepare does (the toy is prepared by hand)
     first = run(prepared)
     assert from_cache(first) == {False}
     # Everything is 40 days old; beside it, an entry of another run of as many days.

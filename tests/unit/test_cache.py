@@ -371,7 +371,7 @@ def test_nothing_is_pruned_from_a_folder_without_the_tag(
     assert cache.prune(tmp_path / "none", 0) == ()  # nothing there, nothing to refuse
 
 
-def test_a_run_tags_its_cache_but_refuses_a_folder_holding_what_is_not_fence_audit_s(
+def test_a_run_may_tag_its_cache_but_refuses_a_folder_holding_what_is_not_fence_audit_s(
     filled: Path, tmp_path: Path
 ) -> None:
     (filled / cache.TAG).unlink()  # a cache from before the tag: everything there is ours
@@ -380,8 +380,8 @@ def test_a_run_tags_its_cache_but_refuses_a_folder_holding_what_is_not_fence_aud
             foreign.rename(tmp_path / "moved-away")
         else:
             foreign.unlink()
-    check_cache_dir(filled, "a test")
-    assert cache.marked(filled)
+    check_cache_dir(filled, "a test")  # a check: it writes nothing
+    assert not cache.marked(filled)
     project = tmp_path / "project"
     write(project / "README.md", "mine")
     with pytest.raises(ConfigError, match=r"holds files fence-audit did not write \(README\.md\)"):
@@ -389,4 +389,4 @@ def test_a_run_tags_its_cache_but_refuses_a_folder_holding_what_is_not_fence_aud
     assert not cache.marked(project)
     check_cache_dir(project, "a test", claim=False)  # `fence-audit cache` only lists
     check_cache_dir(tmp_path / "fresh", "a test")
-    assert cache.marked(tmp_path / "fresh")
+    assert not (tmp_path / "fresh").exists()
