@@ -13,6 +13,26 @@ import os
 from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
+
+def _draw_from_the_strategies_alone() -> None:
+    """Hypothesis (since 6.131) draws now and then a constant it collected from the
+    source of every local module loaded so far, and fence-audit's own package is local.
+    A derandomized program then depended on fence-audit's code (an edit of an error
+    message in audit/ dealt other programs) and on what the process had imported (an
+    audit's test process imports more than pytest alone does, and a test run after
+    others more than one run alone): the ci programs found a planted bug in one and
+    missed it in the other (2026-12-05). Without the local pool a seed deals the same
+    programs in every process. Hypothesis's own constants (0, 1, the edges of a range)
+    are still drawn."""
+    from hypothesis.internal.conjecture import providers
+
+    empty = providers.Constants()
+    providers._get_local_constants = lambda: empty  # read by name at each draw
+    providers.CONSTANTS_CACHE.cache.clear()  # what was cached with the local pool
+
+
+_draw_from_the_strategies_alone()
+
 # ci: 75 programs of 25 steps. After vLLM's one-time warm-up (~3 s) they take ~3 s
 # (25 took 1 s): 3x the programs for 1.5x the test's time, since at 25 which
 # catalogue bugs a derandomized run found was mostly down to its seed (issue 16).
@@ -57,8 +77,11 @@ def profile() -> settings:
 # the seed is the lowest at which the ci programs find every bug the tests of
 # test_fence_stateful.py plant, measured over seeds 0-7: with the connector's role
 # drawn (2026-12-05), seeds 1, 2, 6 and 7 did; 28 of the 32 (seed, planted bug)
-# pairs were found, as many as before that draw.
-SEED = 1
+# pairs were found, as many as before that draw. Those draws still held Hypothesis's
+# local constants (_draw_from_the_strategies_alone), so they held for the processes
+# measured only. Without them (2026-12-05, later), seeds 2, 3, 4 and 6 find all four,
+# 28 of the 32 pairs again, in any process.
+SEED = 2
 
 
 def run_machine(machine: type[RuleBasedStateMachine], chosen: settings | None = None) -> None:

@@ -673,6 +673,16 @@ def _plant(monkeypatch: pytest.MonkeyPatch, cls: type, name: str, old: str, new:
     monkeypatch.setattr(cls, name, namespace[name])
 
 
+def test_the_programs_draw_no_constant_from_local_code() -> None:
+    """A seed deals the same programs in every process: Hypothesis's pool of constants
+    from local modules (fence-audit's package, loaded here in full) stays empty."""
+    from hypothesis.internal.conjecture import providers
+
+    import audit.cli  # noqa: F401  (local code, full of constants)
+
+    assert len(providers._get_local_constants()) == 0
+
+
 def _ci_unshrunk() -> settings:
     """The CI profile's examples, its first failure reported unshrunk."""
     ci = settings.get_profile("ci")
