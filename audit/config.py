@@ -409,11 +409,25 @@ def parse_suite_path(text: str, source: str = "command line") -> SuitePath:
     return SuitePath(root=root, path=path.rstrip("?"), optional=optional)  # type: ignore[arg-type]
 
 
+# A region's name is a file name of the reports (regions/NAME.html) and an anchor:
+# letters, digits, '_', '-' and '.', not first.
+REGION_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
+
+
 def parse_regions(table: Any, source: str) -> tuple[RegionSpec, ...]:
     _expect(table, dict, "regions", source)
     regions = []
     for name, body in table.items():
         where = f"regions.{name}"
+        if not REGION_NAME.fullmatch(name):
+            raise ConfigError(
+                f"region name {name!r} is not one fence-audit can name a report page after",
+                details={
+                    "config": source,
+                    "next": "name it with letters, digits, '_', '-' and '.' (not first), "
+                    "at most 100 characters",
+                },
+            )
         _expect(body, dict, where, source)
         _check_keys(body, {"description", "select"}, where, source)
         selects = body.get("select", [])

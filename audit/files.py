@@ -51,7 +51,9 @@ def write_text(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
+        # backslashreplace: a lone surrogate (a test's undecodable bytes) is written as
+        # its escape, which JSON reads back as the same character
+        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as out:
             os.fchmod(out.fileno(), 0o644)  # mkstemp's 0600 would hide the report from others
             out.write(text)
             out.flush()

@@ -8,9 +8,9 @@ diffs) goes through :func:`html.escape`: it is shown as text, never read as mark
 
 from __future__ import annotations
 
+import html
 from collections import Counter
 from collections.abc import Iterable
-from html import escape
 
 from audit import __version__, deep
 from audit.model import fraction_text, percent_text
@@ -27,6 +27,7 @@ from audit.report_model import (
 )
 from audit.results import Tally
 from audit.scope import APART
+from audit.text import visible
 
 STATUS_COLOURS = {
     MutantStatus.KILLED: "#2e7d32",
@@ -78,6 +79,12 @@ dt{font-weight:600;margin-top:.3em}dd{margin-left:1em}
 .legend span{margin-right:1em}td code{word-break:break-all}
 .legend i{display:inline-block;width:.9em;height:.9em;margin-right:.3em;vertical-align:-.1em}
 """
+
+
+def escape(text: str, quote: bool = True) -> str:
+    """:func:`html.escape`, and what would not show as itself made visible
+    (:func:`audit.text.visible`): a test's ANSI colours, a bidirectional override."""
+    return visible(html.escape(text, quote))
 
 
 def render_index(results: AuditResults) -> str:

@@ -12,6 +12,7 @@ import xml.etree.ElementTree as ET
 
 from audit.protocol import MutantStatus
 from audit.report_model import AuditResults, MutantRecord
+from audit.text import visible
 
 _SKIPPED = {
     "stale": "STALE catalogue entry",
@@ -49,6 +50,10 @@ def render_junit(results: AuditResults) -> str:
         suite.set("time", f"{time_s:.3f}")
     for key, value in totals.items():
         root.set(key, str(value))
+    for element in root.iter():  # XML 1.0 forbids most control characters, even as &#x1b;
+        element.text = visible(element.text) if element.text else element.text
+        for name, attribute in element.attrib.items():
+            element.set(name, visible(attribute))
     ET.indent(root)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 

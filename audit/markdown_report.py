@@ -16,6 +16,7 @@ from audit.protocol import MutantStatus
 from audit.report_model import AuditResults, ChangeRecord, MutantRecord
 from audit.results import Tally
 from audit.scope import FILE, OUTSIDE_REGIONS
+from audit.text import visible, visible_lines
 
 # GitHub folds a step summary above 1 MiB; long diffs are cut well below that.
 DIFF_LINES = 40
@@ -48,7 +49,7 @@ def render_summary(results: AuditResults, previous: AuditResults | None = None) 
     lines += [
         f"{overall.killed} killed of {overall.judged} judged (killed + survived + timeout); "
         f"{overall.no_tests} with no covering test and {overall.error} errors counted apart. "
-        f"Suites: {', '.join(f'`{p}`' for p in results.suite_paths) or 'none'}.",
+        f"Suites: {', '.join(_code(p) for p in results.suite_paths) or 'none'}.",
         "",
         _score_table(results, previous),
         "",
@@ -79,7 +80,7 @@ def render_summary(results: AuditResults, previous: AuditResults | None = None) 
     if results.equivalents:
         lines += [f"### Equivalent mutants ({len(results.equivalents)})", ""]
         lines += [
-            f"- `{e.id}`: {_cell(e.state)}. {_cell(e.reason)}"
+            f"- {_code(e.id)}: {_cell(e.state)}. {_cell(e.reason)}"
             + ("" if e.state == "applied" else " **(flagged: the verdict no longer holds)**")
             for e in results.equivalents
         ]
@@ -88,7 +89,7 @@ def render_summary(results: AuditResults, previous: AuditResults | None = None) 
         lines += [f"### Real vLLM bugs in this release ({len(results.findings)})", ""]
         lines += [
             f"- **{_cell(f.id)}**: {_cell(f.title)} "
-            f"(write-up: `{_cell(f.doc)}` in fence-audit's repository); "
+            f"(write-up: {_code(f.doc)} in fence-audit's repository); "
             + _finding_tests(len(f.tests), len(f.left_out))
             for f in results.findings
         ]
@@ -97,21 +98,21 @@ def render_summary(results: AuditResults, previous: AuditResults | None = None) 
     if carried:
         lines += [f"### This release carries these catalogue bugs ({len(carried)})", ""]
         lines += [
-            f"- `{c.id}` {_cell(c.title)}: this release carries this bug ({_cell(c.reason)})"
+            f"- {_code(c.id)} {_cell(c.title)}: this release carries this bug ({_cell(c.reason)})"
             for c in carried
         ]
         lines.append("")
     stale = results.stale()
     if stale:
         lines += [f"### Stale catalogue entries ({len(stale)})", ""]
-        lines += [f"- `{c.id}` ({_cell(c.file)}): {_cell(c.reason)}" for c in stale]
+        lines += [f"- {_code(c.id)} ({_cell(c.file)}): {_cell(c.reason)}" for c in stale]
         lines.append("")
     flagged = [m for m in results.mutants if m.verdict and m.verdict != "as expected"]
     if flagged:
         lines += [f"### Catalogue entries against expectation ({len(flagged)})", ""]
         lines += [
-            f"- `{m.id}` {_cell(m.title)}: expected {_cell(m.expected)}, {m.status.value}"
-            f"{f' by `{m.killed_by}`' if m.killed_by else ''} ({_cell(m.verdict)})"
+            f"- {_code(m.id)} {_cell(m.title)}: expected {_cell(m.expected)}, {m.status.value}"
+            f"{f' by {_code(m.killed_by)}' if m.killed_by else ''} ({_cell(m.verdict)})"
             for m in flagged
         ]
         lines.append("")
@@ -204,7 +205,7 @@ def _changed_code(results: AuditResults, since: ChangeRecord) -> list[str]:
     rest = survivors[SURVIVORS_SHOWN:]
     if rest:
         lines += [f"And {len(rest)} more (their diffs are in `audit.json` and `index.html`):", ""]
-        lines += [f"- `{m.id}`: {_cell(m.region)}, line {m.line}" for m in rest]
+        lines += [f"- {_code(m.id)}: {_cell(m.region)}, line {m.line}" for m in rest]
         lines.append("")
     return lines
 
@@ -234,11 +235,28 @@ def _compared(since: ChangeRecord) -> str:
     return f"{path} since {_code(since.ref)} (`{since.commit[:12]}`)"
 
 
-def _code(text: str) -> str:
-    """A code span that holds ``text`` whatever backticks it has (a git ref may)."""
+def _code(text: str, *, table: bool = False) -> str:
+    """A code span that holds ``text`` whatever backticks it has (a git ref may, a
+    pytest id too), on one line; in a ``table`` row its pipes escaped (GitHub reads
+    ``\\|`` inside a code span of a table as a pipe)."""
+    text = visible(" ".join(text.splitlines()))
     longest = max((len(run) for run in re.findall("`+", text)), default=0)
-    pad = " " if longest else ""
-    return f"{'`' * (longest + 1)}{pad}{text}{pad}{'`' * (longest + 1)}"
+    pad = " " if longest or text.startswith(" ") else ""
+    span = f"{'`' * (longest + 1)}{pad}{text}{pad}{'`' * (longest + 1)}"
+    return span.replace("|", "\\|") if table else span
+
+
+def _fenced(text: str, language: str = "") -> list[str]:
+    """``text`` as a fenced code block no line of it can close: the fence is longer
+    than any run of backticks in it."""
+    fence = _fence(text)
+    return [fence + language, *visible_lines(text.rstrip("\n")), fence]
+
+
+def _fence(text: str) -> str:
+    """Backticks enough that no line of ``text`` closes the block."""
+    longest = max((len(run) for run in re.findall("`+", text)), default=0)
+    return "`" * max(3, longest + 1)
 
 
 def _finding_tests(count: int, left_out: int) -> str:
@@ -303,7 +321,7 @@ def _random_alone(results: AuditResults) -> list[str]:
     missed = [m for m in entries if not m.killed_by_random]
     own = [m for m in fence if m.origin == "mutmut" and m.status in alone.SCORED]
     lines = [
-        f"### Random workloads alone ({', '.join(f'`{w}`' for w in results.random_workloads)})",
+        f"### Random workloads alone ({', '.join(_code(w) for w in results.random_workloads)})",
         "",
         f"Each fence mutant judged again with only the random workloads: they kill "
         f"{sum(m.killed_by_random for m in own)} of {len(own)} judged mutmut mutants and "
@@ -314,7 +332,7 @@ def _random_alone(results: AuditResults) -> list[str]:
     if missed:
         lines += ["Catalogue entries they do not kill:", ""]
         lines += [
-            f"- `{m.id}` {_cell(m.title)}: {m.random.status.value if m.random else ''}"
+            f"- {_code(m.id)} {_cell(m.title)}: {m.random.status.value if m.random else ''}"
             for m in missed
         ]
         lines.append("")
@@ -348,15 +366,18 @@ def _changes(results: AuditResults, previous: AuditResults) -> list[str]:
     if not changed:
         return [*lines, "None.", ""]
     lines += ["| mutant | before | now |", "|---|---|---|"]
-    lines += [f"| `{mutant_id}` | {before} | {now} |" for mutant_id, before, now in changed]
+    lines += [
+        f"| {_code(mutant_id, table=True)} | {before} | {now} |"
+        for mutant_id, before, now in changed
+    ]
     return [*lines, ""]
 
 
 def _survivor(mutant: MutantRecord, vllm_version: str = "") -> list[str]:
-    diff = mutant.diff.splitlines()
+    diff = visible_lines(mutant.diff.rstrip("\n"))
     if len(diff) > DIFF_LINES:
         diff = [*diff[:DIFF_LINES], f"... ({len(diff) - DIFF_LINES} more lines in audit.json)"]
-    fence = "````" if any(line.startswith("```") for line in diff) else "```"
+    fence = _fence("\n".join(diff))
     label = f" {mutant.title}" if mutant.title else f" ({mutant.operator})"
     found = deep.found(mutant)
     return [
@@ -382,7 +403,7 @@ def _deep_summary(results: AuditResults) -> list[str]:
     profile, seconds = results.deep_look
     looked = [m for m in results.mutants if m.deep is not None]
     return [
-        f"Deep second look (the random workloads alone, profile `{_cell(profile)}`, up to "
+        f"Deep second look (the random workloads alone, profile {_code(profile)}, up to "
         f"{seconds:g} s of CPU each): {sum(map(deep.found, looked))} of {len(looked)} "
         "survivors killed by the deep hunt. The score is the suite's: add the tests below "
         "to count them.",
@@ -400,20 +421,18 @@ def _deep_lines(mutant: MutantRecord, vllm_version: str) -> list[str]:
     test = deep.regression_test(look.failure, mutant.id, look.killed_by, vllm_version)
     return [
         "",
-        f"Deep second look: **killed by the deep hunt** (`{_cell(look.killed_by)}`, "
+        f"Deep second look: **killed by the deep hunt** ({_code(look.killed_by)}, "
         f"{look.duration_s:.0f} s). "
         + ("Its shrunk example, as a regression test to paste:" if test else "Its failure:"),
         "",
-        "```python" if test else "```",
-        *(test or look.failure).splitlines(),
-        "```",
+        *_fenced(test or look.failure, "python" if test else ""),
     ]
 
 
 def _cell(text: str) -> str:
     """Run-derived text in a Markdown line: no table breaks, no HTML (GitHub renders it)."""
-    return _html(text).replace("|", "\\|").replace("\n", " ")
+    return visible(_html(text).replace("|", "\\|").replace("\r", " ").replace("\n", " "))
 
 
 def _html(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return visible(text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;"))

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from audit import alone
 from audit.changes import OUTSIDE
+from audit.config import REGION_NAME
 from audit.model import Fraction
 from audit.protocol import MutantStatus
 from audit.results import Tally, killed_by_vllm
@@ -373,6 +374,9 @@ def _results(path: Path, document: Fields) -> AuditResults:
     if not bodies:
         raise Invalid("regions", "no region (every run judges at least one)")
     names = tuple(name for name, _ in bodies)
+    for name in names:  # each names a page of the reports: regions/NAME.html
+        if not REGION_NAME.fullmatch(name):
+            raise Invalid(f"regions.{name}", "not a region name (letters, digits, '_', '-', '.')")
     tests = document.texts("tests")
     mutants = tuple(
         _mutant(body, names, tests if by_index else None) for body in document.objects("mutants")

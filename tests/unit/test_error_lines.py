@@ -55,6 +55,8 @@ BAD_CONFIGS = {
     "version a number": "[tool.fence-audit]\nvllm-version = 0.33",
     "no regions": "[tool.fence-audit.regions]",
     "unknown region key": '[tool.fence-audit.regions.foo]\nx = 1\nselect = [{ function = "f" }]',
+    "region named as a path": '[tool.fence-audit.regions."../../victim"]\n'
+    'select = [{ function = "f" }]',
     "region selects nothing": '[tool.fence-audit.regions.r]\ndescription = "d"',
     "bad part": '[[tool.fence-audit.regions.r.select]]\nfunction = "f"\n'
     'statements = [{ match = "x", part = "body" }]',

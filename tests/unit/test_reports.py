@@ -19,13 +19,14 @@ import pytest
 
 from audit import __version__
 from audit.cli import main
-from audit.errors import ExitCode
+from audit.errors import ConfigError, ExitCode
 from audit.html_report import render_index, render_region
 from audit.junit_report import render_junit
 from audit.markdown_report import render_summary
 from audit.protocol import MutantStatus
-from audit.report_model import AuditResults, load_results
+from audit.report_model import AuditResults, SecondJudgement, load_results
 from audit.reports import write_reports
+from audit.text import INVISIBLE
 
 DATA = Path(__file__).parent / "data" / "results.json"
 GOLDEN = Path(__file__).parent / "golden"
@@ -288,3 +289,76 @@ def test_tests_stopped_as_hung_are_read_back_and_shown(tmp_path: Path) -> None:
     page = render_region(results, results.region(mutant.region))
     assert "tests stopped as hung" in page
     assert "test_drain &gt; 0.5s of CPU" in page
+
+
+HOSTILE_ID = "tests/t.py::test_y[` <img src=x> [click](https://evil.example) @octocat `]"
+HOSTILE_FAILURE = (
+    "\x1b[31mE  assert 1 == 2\x1b[0m \x00\x0c \ud800 \u202eevil\n```\n<img src=x>\n```"
+)
+
+
+def hostile(results: AuditResults) -> AuditResults:
+    """The fixture's mutants with a test's worst legal text: ANSI colours, NUL, a form
+    feed, a lone surrogate, a right-to-left override, backticks and a closing fence;
+    the survivor also has a deep look that killed it, with such a killer and failure."""
+    mutants = []
+    deep = SecondJudgement(MutantStatus.KILLED, HOSTILE_ID, HOSTILE_FAILURE, 3.0)
+    for m in results.mutants:
+        if m.status is MutantStatus.KILLED:
+            changed = dataclasses.replace(m, killed_by=HOSTILE_ID, failure=HOSTILE_FAILURE)
+        elif m.status is MutantStatus.SURVIVED:
+            diff = m.diff + "+\x0c" + HOSTILE_FAILURE
+            changed = dataclasses.replace(m, diff=diff, deep=deep)
+        else:
+            changed = dataclasses.replace(m, failure=HOSTILE_FAILURE)
+        mutants.append(changed)
+    return dataclasses.replace(results, mutants=tuple(mutants), deep_look=("deep", 60.0))
+
+
+def test_a_test_s_control_characters_are_shown_escaped_in_every_report(
+    results: AuditResults,
+) -> None:
+    view = hostile(results)
+    junit = render_junit(view)
+    ET.fromstring(junit.split("\n", 1)[1])  # well-formed XML 1.0
+    pages = render_index(view) + "".join(render_region(view, r) for r in view.regions)
+    summary = render_summary(view)
+    for text in (junit, pages, summary):
+        assert not INVISIBLE.search(text), repr(INVISIBLE.search(text))
+        assert "\\x1b[31m" in text or "\\x1b" in text
+    assert "\\u202eevil" in pages
+    assert "<img" not in pages
+
+
+def test_backticks_in_a_test_id_or_a_failure_stay_inside_their_code(
+    results: AuditResults,
+) -> None:
+    """A pytest id keeps backticks; a failure may hold a fence: neither closes the code
+    around it in the pull-request comment, so nothing in it renders as a link, an
+    image or a mention."""
+    summary = render_summary(hostile(results))
+    assert f"``` {HOSTILE_ID} ```" in summary or f"`` {HOSTILE_ID} ``" in summary
+    outside = re.sub(r"(`+) .*? \1|(`{4,})[a-z]*\n.*?\n\2", "", summary, flags=re.S)
+    assert "<img" not in outside
+    assert "](https://evil.example)" not in outside
+    assert "@octocat" not in outside
+
+
+def test_a_lone_surrogate_is_written_as_its_escape(results_on_disk: AuditResults) -> None:
+    view = hostile(results_on_disk)
+    written = write_reports(view, results_on_disk.path.parent / "hostile", None)
+    assert "\\ud800" in written.summary.read_text(encoding="utf-8")
+
+
+def test_a_region_name_that_is_a_path_is_refused(tmp_path: Path) -> None:
+    document = json.loads(DATA.read_text())
+    document["regions"] = {
+        ("../../victim" if k == "removal" else k): v for k, v in document["regions"].items()
+    }
+    for mutant in document["mutants"]:
+        if mutant["region"] == "removal":
+            mutant["region"] = "../../victim"
+    path = tmp_path / "audit.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(ConfigError, match=r"regions\.\.\./\.\./victim: not a region name"):
+        load_results(path)
