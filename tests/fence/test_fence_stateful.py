@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 from fence_config import Role
-from fence_findings import VLLM_VERSION, has_bug
+from fence_findings import VLLM_VERSION, has_bug, known_bug
 from fence_harness import (
     FINAL_SLIDING_WINDOW_TAIL,
     PREEMPTED_THEN_FINISHED,
@@ -571,6 +571,68 @@ def test_a_request_finished_while_preempted_is_held_to_the_chunks_it_kept() -> N
         if q.is_finished() and q.num_preemptions and q.num_computed_tokens == 0
     ]
     assert finished_while_preempted == ["r6"]
+
+
+@known_bug(
+    "reachable-null-block-chunk-stored",
+    raises=ContentViolation,
+    reason="a chunk is stored with the null block the window slid past, and a later "
+    "hit loads that slot unwritten",
+)
+def test_a_window_slid_past_a_chunk_s_first_block_leaves_no_slot_unwritten() -> None:
+    """A hunt's program on 0.31.0 (2026-12-05, seed 302697075), with dense retention:
+    the registered reachable-null-block-chunk-stored without a second connector. With
+    async scheduling a request's window slides past its first block, which the
+    sliding-window manager nulls; on 0.28.0-0.32.0 its store then writes a chunk of
+    two blocks from that one block short (store job 11: GPU blocks 6, 17, 19 into two
+    CPU chunks), leaving a slot of CPU chunk 0 as an earlier store wrote it, and r12's
+    hit loads it into its block 0. vLLM 0.33.0 stores only the chunk without a null
+    block. Under vLLM's default retention it fails on 0.33.0 and 0.34.0 too (the
+    registered sparse-retention-shorter-hit-reads-unstored-block); with sync
+    scheduling it passes on 0.30.0-0.34.0."""
+    state = FenceMachine()
+    state.start(
+        async_scheduling=True,
+        block_sizes=(BLOCK, BLOCK),
+        blocks_per_chunk=2,
+        cpu_chunks=3,
+        delays=[0],
+        eagle=False,
+        enabled=[False, False, False, False],
+        kv_role="kv_both",
+        layout="sliding",
+        ranks="one",
+        remote_source=False,
+        retention=None,
+        second_worker_lag=0,
+        seed=0,
+        spare_blocks=12,
+        window_blocks=3,
+    )
+    a, d = PREFIXES[1], PREFIXES[3]
+    state.add_request(max_tokens=1, prefix=(), remote_blocks=0, tail=0)
+    state.step(steps=1)
+    state.add_request(max_tokens=8, prefix=a, remote_blocks=0, tail=2)
+    state.add_request(max_tokens=10, prefix=d, remote_blocks=0, tail=2)
+    state.step(steps=1)
+    state.step(steps=1)
+    state.step(steps=1)
+    state.step(steps=3)
+    state.add_request(max_tokens=9, prefix=a, remote_blocks=0, tail=0)
+    state.add_request(max_tokens=10, prefix=(), remote_blocks=0, tail=6)
+    state.follow_up(tail=0, wait=3)
+    state.step(steps=1)
+    state.follow_up(tail=0, wait=1)
+    state.step(steps=4)
+    state.add_request(max_tokens=6, prefix=(), remote_blocks=0, tail=9)
+    state.add_request(max_tokens=5, prefix=(), remote_blocks=0, tail=10)
+    state.follow_up(tail=2, wait=1)
+    state.add_request(max_tokens=4, prefix=d, remote_blocks=0, tail=5)
+    state.follow_up(tail=3, wait=1)
+    state.step(steps=1)
+    state.follow_up(tail=0, wait=4)
+    state.step(steps=1)
+    state.teardown()
 
 
 def _cycle_machine(enabled: list[bool]) -> FenceMachine:
