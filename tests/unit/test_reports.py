@@ -344,9 +344,11 @@ def test_backticks_in_a_test_id_or_a_failure_stay_inside_their_code(
     assert "@octocat" not in outside
 
 
-def test_a_lone_surrogate_is_written_as_its_escape(results_on_disk: AuditResults) -> None:
+def test_a_lone_surrogate_is_written_as_its_escape(
+    results_on_disk: AuditResults, tmp_path: Path
+) -> None:
     view = hostile(results_on_disk)
-    written = write_reports(view, results_on_disk.path.parent / "hostile", None)
+    written = write_reports(view, tmp_path / "hostile", None)
     assert "\\ud800" in written.summary.read_text(encoding="utf-8")
 
 
