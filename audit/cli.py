@@ -35,6 +35,7 @@ from audit.regions import resolve_regions
 from audit.report_model import AuditResults, load_results
 from audit.reports import Written
 from audit.results import Tally, format_scores
+from audit.text import first_of
 
 
 def compared(path: Path) -> AuditResults:
@@ -484,11 +485,10 @@ def show_cache(root: Path, prune_days: int | None, max_mb: int | None) -> ExitCo
         print()
         print(cache.format_contents(held.entries))
     if held.foreign:
-        names = ", ".join(str(p.relative_to(root)) for p in held.foreign[:3])
-        more = f" and {len(held.foreign) - 3} more" if len(held.foreign) > 3 else ""
+        names = first_of([str(p.relative_to(root)) for p in held.foreign], 3)
         print(
             f"fence-audit: {len(held.foreign)} paths in the cache are not fence-audit's, "
-            f"left as they are: {names}{more}"
+            f"left as they are: {names}"
         )
     return ExitCode.OK
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from audit import cache
 from audit.errors import ConfigError
+from audit.text import first_of
 
 
 class NotARegularFile(OSError):
@@ -99,11 +100,10 @@ def _claim(path: Path, origin: str) -> None:
     if path.is_dir() and not cache.marked(path):
         foreign = cache.contents(path).foreign
         if foreign:
-            names = ", ".join(str(p.relative_to(path)) for p in foreign[:3])
-            more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+            names = first_of([str(p.relative_to(path)) for p in foreign], 3)
             raise ConfigError(
                 f"the cache folder {path} holds files fence-audit did not write "
-                f"({names}{more}) and no {cache.TAG}",
+                f"({names}) and no {cache.TAG}",
                 details={
                     "set by": origin,
                     "next": _CACHE_NEXT + "an empty folder, or a cache fence-audit made",

@@ -240,7 +240,7 @@ def _code(text: str, *, table: bool = False) -> str:
     pytest id too), on one line; in a ``table`` row its pipes escaped (GitHub reads
     ``\\|`` inside a code span of a table as a pipe)."""
     text = visible(" ".join(text.splitlines()))
-    longest = max((len(run) for run in re.findall("`+", text)), default=0)
+    longest = _longest_backticks(text)
     pad = " " if longest or text.startswith(" ") else ""
     span = f"{'`' * (longest + 1)}{pad}{text}{pad}{'`' * (longest + 1)}"
     return span.replace("|", "\\|") if table else span
@@ -255,8 +255,11 @@ def _fenced(text: str, language: str = "") -> list[str]:
 
 def _fence(text: str) -> str:
     """Backticks enough that no line of ``text`` closes the block."""
-    longest = max((len(run) for run in re.findall("`+", text)), default=0)
-    return "`" * max(3, longest + 1)
+    return "`" * max(3, _longest_backticks(text) + 1)
+
+
+def _longest_backticks(text: str) -> int:
+    return max((len(run) for run in re.findall("`+", text)), default=0)
 
 
 def _finding_tests(count: int, left_out: int) -> str:
@@ -431,7 +434,7 @@ def _deep_lines(mutant: MutantRecord, vllm_version: str) -> list[str]:
 
 def _cell(text: str) -> str:
     """Run-derived text in a Markdown line: no table breaks, no HTML (GitHub renders it)."""
-    return visible(_html(text).replace("|", "\\|").replace("\r", " ").replace("\n", " "))
+    return _html(text).replace("|", "\\|").replace("\r", " ").replace("\n", " ")
 
 
 def _html(text: str) -> str:

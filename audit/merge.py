@@ -39,6 +39,7 @@ from audit.report_model import AuditResults, ShardRecord, load_results, tally_of
 from audit.results import score_fields
 from audit.results_schema import LATER_TALLY_FIELDS, TALLY_FIELDS
 from audit.scope import APART
+from audit.text import first_of
 
 _ONE_RUN = (
     "merge the audit.json of every shard of one run: `fence-audit mutate --shard K/N` "
@@ -124,11 +125,8 @@ def _in_order(given: Sequence[Part]) -> list[Part]:
     count = first.shard.count
     missing = [f"{index}/{count}" for index in range(1, count + 1) if index not in by_index]
     if missing:
-        named = ", ".join(missing[:5]) + (
-            f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-        )
         raise ConfigError(
-            f"shard {named} missing: the run was dealt over {count} shards",
+            f"shard {first_of(missing, 5)} missing: the run was dealt over {count} shards",
             details={
                 "given": ", ".join(f"{p.shard} ({p.path})" for _, p in sorted(by_index.items())),
                 "next": "give the audit.json of every shard, 1 to N",

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from audit.errors import ConfigError
 from audit.files import replaced_dir, write_json
+from audit.text import first_of
 
 MANIFEST = ".fence-audit-manifest.json"
 # The manifest's format; bump it on any change, and note the change here.
@@ -250,7 +251,7 @@ def _check_writable(root: Path) -> None:
 
 
 def _foreign_error(root: Path, foreign: list[str]) -> ConfigError:
-    shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+    shown = first_of(foreign, 5)
     return ConfigError(
         "the reports folder holds files fence-audit did not write",
         details={

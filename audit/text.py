@@ -11,6 +11,7 @@ those characters is shown as its Python escape instead (``\\x1b``, ``\\u202e``).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 # C0 controls but tab, newline and carriage return (callers decide what a line break
 # becomes); DEL and the C1 controls; the bidirectional marks, embeddings, overrides
@@ -33,3 +34,10 @@ def visible_lines(text: str) -> list[str]:
     a carriage return that ends no line shown as ``\\r``."""
     text = text.replace("\r\n", "\n").replace("\r", "\\r")
     return visible(text).split("\n")
+
+
+def first_of(names: Sequence[str], shown: int) -> str:
+    """The first ``shown`` of ``names``, comma-separated, and how many more there are
+    (a message names a few of what may be thousands)."""
+    rest = len(names) - shown
+    return ", ".join(names[:shown]) + (f" and {rest} more" if rest > 0 else "")
