@@ -153,6 +153,10 @@ class FenceEngine:
         self.known_bug_hits: list[tuple[str, int]] = []
         self.step_no = 0
         self._violations_seen = 0
+        # a step raised: vLLM's objects are as the failure left them, half a step done
+        # (a store submitted whose deferred list was never cleared), so stepping on
+        # would raise about the harness's own leftovers and hide the failure
+        self.broken = False
 
         config = engine_config(
             layout=layout,
@@ -264,11 +268,15 @@ class FenceEngine:
 
     def step(self) -> StepRecord:
         self.step_no += 1
-        record = self.scheduler_side.schedule(self.step_no)
-        runner_output = self.worker_side.execute(record.output, self.step_no, self.contents)
-        self.scheduler_side.update(record.output, runner_output)
-        for fn in self.post_step_fns:
-            fn(self)
+        try:
+            record = self.scheduler_side.schedule(self.step_no)
+            runner_output = self.worker_side.execute(record.output, self.step_no, self.contents)
+            self.scheduler_side.update(record.output, runner_output)
+            for fn in self.post_step_fns:
+                fn(self)
+        except BaseException:
+            self.broken = True
+            raise
         fresh = self.contents.violations[self._violations_seen :]
         self._violations_seen = len(self.contents.violations)
         if fresh and self.strict_contents:

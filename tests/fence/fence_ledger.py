@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from fence_contents import NULL_PLACEHOLDERS
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import TransferJob
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_offload.base import GPULoadStoreSpec, LoadStoreSpec
@@ -71,7 +72,9 @@ class JobLedger:
                 self.stores_after_preemption.add(job_id)
             status = req_status[job.req_id]
             lists = [g.block_ids for g in status.group_states]
-            self.job_places[job_id] = spec_places(job.src_spec, lists)
+            self.job_places[job_id] = spec_places(
+                job.src_spec, lists, self.blocks_per_chunk if NULL_PLACEHOLDERS else 0
+            )
             if request.is_finished():
                 stale = self._stale_tail(job.req_id, job_id, record)
                 if stale:
@@ -126,7 +129,7 @@ class JobLedger:
 
 
 def spec_places(
-    spec: LoadStoreSpec, lists: Sequence[Sequence[int]] | None = None
+    spec: LoadStoreSpec, lists: Sequence[Sequence[int]] | None = None, whole_chunks: int = 0
 ) -> list[tuple[int, int, int]]:
     """(group, block index in the request, GPU block id) of each block of a GPU spec.
 
@@ -134,18 +137,50 @@ def spec_places(
     chunks in between (unreachable or null sliding-window chunks), so its later blocks
     are found in ``lists``, the request's block ids per group as the connector had
     them when it built the store; without ``lists`` the blocks are taken as contiguous.
+
+    ``whole_chunks``: the blocks per chunk where a store copies each of its chunks
+    whole, null blocks included as placeholders (vLLM 0.34.0 on). A null block's id
+    then names no one place (a sliding-window list holds many), so each chunk's blocks
+    are placed together, at the first chunk of the list that holds them all. Before,
+    a store lists no null block, and each id names its one place.
     """
     assert isinstance(spec, GPULoadStoreSpec)
     ids = [int(b) for b in spec.block_ids]
     places: list[tuple[int, int, int]] = []
     offset = 0
     for group, (size, first) in enumerate(zip(spec.group_sizes, spec.block_indices, strict=True)):
-        index = first
-        for block in ids[offset : offset + size]:
-            if lists is not None:
+        blocks = ids[offset : offset + size]
+        offset += size
+        if lists is None:
+            places += [(group, first + i, block) for i, block in enumerate(blocks)]
+        elif whole_chunks:
+            places += _chunk_places(group, first, blocks, lists[group], whole_chunks)
+        else:
+            index = first
+            for block in blocks:
                 while lists[group][index] != block:
                     index += 1
-            places.append((group, index, block))
-            index += 1
-        offset += size
+                places.append((group, index, block))
+                index += 1
+    return places
+
+
+def _chunk_places(
+    group: int, first: int, blocks: Sequence[int], held: Sequence[int], per_chunk: int
+) -> list[tuple[int, int, int]]:
+    """Each whole chunk of ``blocks`` at the first chunk of ``held``, from ``first`` on,
+    that holds the same ids in the same order."""
+    places: list[tuple[int, int, int]] = []
+    index = first
+    for start in range(0, len(blocks), per_chunk):
+        chunk = list(blocks[start : start + per_chunk])
+        while list(held[index : index + len(chunk)]) != chunk:
+            index += per_chunk
+            if index >= len(held):
+                raise AssertionError(
+                    f"group {group}: a stored chunk {chunk} is nowhere in the request's "
+                    f"blocks {list(held)} from index {first} on"
+                )
+        places += [(group, index + i, block) for i, block in enumerate(chunk)]
+        index += per_chunk
     return places

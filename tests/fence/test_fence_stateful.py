@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 from fence_config import Role
+from fence_contents import NULL_PLACEHOLDERS
 from fence_findings import VLLM_VERSION, has_bug, known_bug
 from fence_harness import (
     FINAL_SLIDING_WINDOW_TAIL,
@@ -359,8 +360,8 @@ class FenceMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         engine = self.engine
-        if engine is None or engine.contents.violations or self.oracle.violations:
-            return  # already failed; stepping on would only add noise
+        if engine is None or engine.broken or engine.contents.violations or self.oracle.violations:
+            return  # already failed; stepping on would only add noise or hide the failure
         engine.drain()
         assert engine.fence == {}, f"the fence did not drain: {engine.fence}"
         assert not engine.connector._jobs
@@ -571,6 +572,87 @@ def test_a_request_finished_while_preempted_is_held_to_the_chunks_it_kept() -> N
         if q.is_finished() and q.num_preemptions and q.num_computed_tokens == 0
     ]
     assert finished_while_preempted == ["r6"]
+
+
+def _chunk_skipping_program() -> FenceMachine:
+    """A hunt's program on 0.34.0 (2026-12-05, seed 1250963677), up to its store job 1:
+    a mixed layout of 4-token full-attention and 2-token sliding-window blocks, a
+    one-block window, chunks of two blocks, dense retention (the hunt's, on a release
+    with sparse-retention-shorter-hit), async scheduling, two requests."""
+    state = FenceMachine()
+    state.start(
+        async_scheduling=True,
+        block_sizes=(4, 2),
+        blocks_per_chunk=2,
+        cpu_chunks=4,
+        delays=[None],
+        eagle=False,
+        enabled=[False, False, False, True],
+        kv_role="kv_both",
+        layout="mixed",
+        ranks="one",
+        remote_source=False,
+        retention=None,
+        second_worker_lag=0,
+        seed=0,
+        spare_blocks=0,
+        window_blocks=1,
+    )
+    state.add_request(max_tokens=1, prefix=(), remote_blocks=0, tail=8)
+    state.add_request(max_tokens=5, prefix=PREFIXES[1], remote_blocks=0, tail=5)
+    state.step(steps=2)
+    return state
+
+
+def test_a_store_that_skips_a_chunk_places_each_chunk_whole() -> None:
+    """From vLLM 0.34.0 a store copies each chunk whole, null blocks as placeholders,
+    and skips the chunks it need not store. In the hunt's program r1's store job 1
+    copies sliding-window chunks 1 and 3 ([0, 14] and [0, 15]) and skips chunk 2
+    ([0, 16]). The ledger placed each block at the first index holding its id, so the
+    second null block went to chunk 2: the job spanned five chunks where its CPU spec
+    has four, and the harness raised IndexError. Each chunk is now placed whole."""
+    state = _chunk_skipping_program()
+    engine = state.engine
+    assert engine is not None
+    state.release_held()
+    state.step(steps=4)
+    for job_id, places in engine.ledger.job_places.items():
+        job = engine.ledger.store_jobs.get(job_id)
+        if job is None:
+            continue
+        chunks = {(group, index // 2) for group, index, _ in places}
+        assert len(chunks) == len(job.dst_spec.block_ids), (job_id, places)
+    if NULL_PLACEHOLDERS:
+        assert [p for p in engine.ledger.job_places[1] if p[0] == 1] == [
+            (1, 2, 0),
+            (1, 3, 14),
+            (1, 6, 0),
+            (1, 7, 15),
+        ]
+    state.teardown()
+
+
+def test_teardown_leaves_an_engine_whose_step_raised_as_it_is() -> None:
+    """A step that raised leaves vLLM half a step on (a store submitted whose
+    deferred list was never cleared); the teardown's drain would then fail on that
+    ("job 1 submitted twice to the worker") and Hypothesis would report the drain's
+    error in place of the step's. The teardown steps no more."""
+    state = _chunk_skipping_program()
+    engine = state.engine
+    assert engine is not None
+    execute = engine.worker_side.execute
+
+    def fails_once(*args: Any) -> Any:
+        engine.worker_side.execute = execute  # type: ignore[method-assign]
+        raise RuntimeError("a step's failure")
+
+    engine.worker_side.execute = fails_once  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="a step's failure"):
+        state.step(steps=1)
+    steps = engine.step_no
+    state.teardown()
+    assert engine.broken
+    assert engine.step_no == steps
 
 
 @known_bug(
