@@ -16,11 +16,13 @@ from fence_harness import (
     FINAL_SLIDING_WINDOW_TAIL,
     PREEMPTED_THEN_FINISHED,
     RELEASE_TOLERANCE,
+    STRANDED_FINISHED_LOAD,
     ContentViolation,
     FenceEngine,
     Plan,
 )
 from fence_oracle import FenceOracle, FenceViolation
+from test_fence_stateful import FenceMachine
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import (
     OffloadingConnectorScheduler,
 )
@@ -477,3 +479,90 @@ def test_a_shorter_hit_under_dense_retention_loads_only_stored_blocks() -> None:
     may end at, so block 0 is reachable and chunk 0 must not be stored without it
     (vLLM 0.33.0's reachable-null skip)."""
     _shorter_hit_after_an_external_load(retention=None)
+
+
+def _stranded_program() -> FenceMachine:
+    """A hunt's program on 0.30.0 (2026-12-05, seed 3344945474): one rank, full
+    attention, chunks of one block, dense retention, async scheduling, every transfer
+    held until released, a pool sized for the longest request alone; six requests at
+    once, three of them sharing a prefix and two another. The hunt's tier held 8
+    chunks; full, it evicted one of two chunks of one store, the one first in a set
+    of block hashes, so whether the program stranded a load depended on the process's
+    string hash seed. This tier has room for every chunk: it strands one under every
+    seed tried (0-5 on 0.28.0 to 0.30.0)."""
+    state = FenceMachine()
+    state.start(
+        async_scheduling=True,
+        block_sizes=(4, 4),
+        blocks_per_chunk=1,
+        cpu_chunks=16,
+        delays=[None],
+        eagle=False,
+        enabled=[False, False, False, False],
+        kv_role="kv_both",
+        layout="full",
+        ranks="one",
+        remote_source=False,
+        retention=None,
+        second_worker_lag=0,
+        seed=1,
+        spare_blocks=0,
+        window_blocks=1,
+    )
+    state.step(steps=10)
+    a, d = tuple(range(1, 9)), tuple(range(100, 112))
+    state.add_request(max_tokens=1, prefix=a, remote_blocks=0, tail=0)
+    state.add_request(max_tokens=8, prefix=d, remote_blocks=0, tail=9)
+    state.add_request(max_tokens=2, prefix=d, remote_blocks=0, tail=4)
+    state.add_request(max_tokens=1, prefix=a, remote_blocks=0, tail=0)
+    state.add_request(max_tokens=1, prefix=a, remote_blocks=0, tail=9)
+    state.add_request(max_tokens=1, prefix=(), remote_blocks=0, tail=0)
+    return state
+
+
+@known_bug(
+    "stranded-finished-load",
+    raises=AssertionError,
+    reason="the waiting loop ends at a head that gets no blocks, and never reaches the "
+    "request behind it whose load has finished",
+)
+def test_a_finished_load_is_not_stranded_behind_a_waiting_head() -> None:
+    state = _stranded_program()
+    engine = state.engine
+    assert engine is not None
+    engine.tolerate = frozenset()  # the machine tolerates it where the registry lists it
+    engine.drain()
+    assert engine.fence == {}
+
+
+def test_tolerating_the_stranded_load_ends_only_its_drain() -> None:
+    """The random workloads tolerate this bug where the registry lists it: the drain
+    ends in its shape and records it. Where it is fixed the program drains."""
+    state = _stranded_program()
+    engine = state.engine
+    assert engine is not None
+    state.teardown()
+    if not has_bug("stranded-finished-load"):
+        assert engine.stranded is None
+        assert engine.known_bug_hits == []
+        assert engine.fence == {}
+        return
+    assert engine.known_bug_hits == [(STRANDED_FINISHED_LOAD, -1)]
+    assert engine.stranded is not None
+    assert "no blocks) heads the waiting queues" in engine.stranded
+    assert "finished loading" in engine.stranded
+    assert engine.scheduler.has_unfinished_requests()  # stopped, not drained
+
+
+def test_a_drain_stranded_without_tolerance_names_the_shape() -> None:
+    """Untolerated, the same drain fails, and its message gives the shape."""
+    state = _stranded_program()
+    engine = state.engine
+    assert engine is not None
+    engine.tolerate = frozenset()
+    if not has_bug("stranded-finished-load"):
+        engine.drain()
+        assert engine.stranded_load() is None
+        return
+    with pytest.raises(AssertionError, match=r"did not drain .*finished loading"):
+        engine.drain()
