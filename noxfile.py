@@ -134,8 +134,8 @@ def audit(session: nox.Session) -> None:
 def hunt(session: nox.Session) -> None:
     """Random fence workloads (the long profile) on unmutated vLLM, time-boxed: reports/hunt.md.
 
-    `nox -s hunt -- [--seconds N] [--seed S] [--reports DIR]`: the time box defaults to
-    $FENCE_AUDIT_HUNT_SECONDS, else 600 s. Exit 0: nothing raised; 14: the machine
+    `nox -s hunt -- [--seconds N] [--seed S] [--hash-seed H] [--reports DIR]`: the time
+    box defaults to $FENCE_AUDIT_HUNT_SECONDS, else 600 s. Exit 0: nothing raised; 14: the machine
     raised, and hunt.md holds the shrunk program and the failed invariant.
     """
     bindir = lean_env(session)
@@ -287,7 +287,13 @@ def tests(session: nox.Session) -> None:
     """Run fence-audit's own tests (unit, integration, browser, and against real vLLM)."""
     bindir = lean_env(session)
     ensure_chromium(session)
-    session.run(str(bindir / "python"), "-m", "pytest", *session.posargs, external=True)
+    # the string hash seed of the audit's test processes (audit/hermetic.py): vLLM
+    # iterates sets of request ids and block hashes in hash order, and the fence
+    # suite's programs then run here as they run in the audit's baseline
+    hashing = {"PYTHONHASHSEED": "0"}
+    session.run(
+        str(bindir / "python"), "-m", "pytest", *session.posargs, external=True, env=hashing
+    )
 
 
 @nox.session(default=False)

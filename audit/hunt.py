@@ -41,6 +41,15 @@ SECONDS_ENV = "FENCE_AUDIT_HUNT_SECONDS"
 # large enough that Hypothesis' first, simplest program of each run is a small share.
 ROUND_EXAMPLES = 20
 PROFILE = "long"
+# The hunt's process hashes strings and bytes by one seed, its own: vLLM iterates sets
+# of request ids and of block hashes in hash order (the CPU tier, full, evicts the
+# first of a set of keys), so a program's outcome can follow the seed. By default it is
+# the first round's seed (modulo the range PYTHONHASHSEED takes), so --seed replays a
+# hunt in full; hunt.md names it, and --hash-seed replays a later round under it.
+HASH_SEEDS = 2**32
+# What the runner sets, beside PYTHONHASHSEED, when it starts itself again under the
+# hunt's hash seed: the process was started with that seed, not just told of it.
+HASH_SEED_ENV = "FENCE_AUDIT_HUNT_HASH_SEED"
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +60,7 @@ class HuntOptions:
     round_examples: int  # programs per round
     steps: int | None  # steps per program; None: the long profile's
     explain: bool = False  # Hypothesis' explain phase (the long profile has it)
+    hash_seed: int = 0  # the string hash seed the hunt's process runs under
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +95,17 @@ class HuntResult:
     finding: Finding | None = None
     interrupted: bool = False
     machines: tuple[str, ...] = tuple(name for name, _ in MACHINES)  # those that ran
+    # the string hash seed the process ran under; None: not one the hunt chose (a
+    # process it did not start hashes by a seed of its own, which no command replays)
+    hash_seed: int | None = None
+
+    def replay(self, seed: int) -> str:
+        """The command that replays rounds from ``seed`` on, under this hunt's hashing."""
+        hashed = "" if self.hash_seed is None else f" --hash-seed {self.hash_seed}"
+        return (
+            f"nox -s hunt -- --seed {seed}{hashed} --round-examples {self.round_examples} "
+            f"--steps {self.steps}"
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,6 +124,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=whole_number(0, 2**64),  # a seed is no quantity: a drawn one is below 2**32
         help="the first round's seed (default: random); round k has seed + k - 1, so the "
         "seed a finding names replays its round first",
+    )
+    parser.add_argument(
+        "--hash-seed",
+        type=whole_number(0, HASH_SEEDS - 1),
+        help="the string hash seed the hunt runs under (PYTHONHASHSEED; default: the "
+        "first round's seed modulo 2**32); hunt.md names it",
     )
     parser.add_argument(
         "--round-examples",
@@ -134,14 +161,38 @@ def hunt_options(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Hunt
     """The hunt's options from its command line, the environment and the configuration."""
     args = build_parser().parse_args(argv)
     config = config_from_arguments(args)
+    seed = secrets.randbelow(2**32) if args.seed is None else args.seed
     return HuntOptions(
         config=config,
         seconds=args.seconds or seconds_from(environ),
-        seed=secrets.randbelow(2**32) if args.seed is None else args.seed,
+        seed=seed,
         round_examples=args.round_examples,
         steps=args.steps,
         explain=args.explain,
+        hash_seed=seed % HASH_SEEDS if args.hash_seed is None else args.hash_seed,
     )
+
+
+def restart_command(
+    argv: Sequence[str], options: HuntOptions, environ: Mapping[str, str]
+) -> tuple[list[str], dict[str, str]] | None:
+    """The runner's arguments and environment to start itself again under the hunt's
+    hash seed, its seed drawn once and kept; None when this process already runs
+    under it."""
+    if started_hash_seed(options, environ) is not None:
+        return None
+    seeds = ["--seed", str(options.seed), "--hash-seed", str(options.hash_seed)]
+    hashed = str(options.hash_seed)
+    return [*argv, *seeds], {**environ, "PYTHONHASHSEED": hashed, HASH_SEED_ENV: hashed}
+
+
+def started_hash_seed(options: HuntOptions, environ: Mapping[str, str]) -> int | None:
+    """The hunt's hash seed if the runner started this process under it, else None
+    (a process it did not start, such as a test's, hashes by its own seed)."""
+    hashed = str(options.hash_seed)
+    if environ.get("PYTHONHASHSEED") == hashed and environ.get(HASH_SEED_ENV) == hashed:
+        return options.hash_seed
+    return None
 
 
 def seconds_from(environ: Mapping[str, str]) -> int:
@@ -229,9 +280,9 @@ def render(result: HuntResult) -> str:
         + (" (shrinking included)" if finding else ""),
         f"- seeds: {result.seed}"
         + (f" to {last}" if last != result.seed else "")
-        + f" (round k: {result.seed} + k - 1); `nox -s hunt -- --seed {result.seed} "
-        f"--round-examples {result.round_examples} --steps {result.steps}` replays these "
+        + f" (round k: {result.seed} + k - 1); `{result.replay(result.seed)}` replays these "
         "rounds in order",
+        _hash_line(result),
         "",
     ]
     if finding is None:
@@ -246,10 +297,7 @@ def render(result: HuntResult) -> str:
             "",
         ]
         return "\n".join(lines)
-    replay = (
-        f"`nox -s hunt -- --seed {finding.seed} --round-examples {result.round_examples} "
-        f"--steps {result.steps}`"
-    )
+    replay = f"`{result.replay(finding.seed)}`"
     lines += [
         "## The violation",
         "",
@@ -284,6 +332,19 @@ def render(result: HuntResult) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _hash_line(result: HuntResult) -> str:
+    if result.hash_seed is None:
+        return (
+            "- string hash seed: the process's own (not started by the hunt's runner), so "
+            "the order of vLLM's sets of request ids and block hashes may not replay"
+        )
+    return (
+        f"- string hash seed: {result.hash_seed} (`PYTHONHASHSEED`): the order vLLM "
+        "iterates its sets of request ids and block hashes in, which a program's outcome "
+        "can follow"
+    )
 
 
 def _count(number: int, noun: str) -> str:

@@ -20,6 +20,13 @@ which Hypothesis would shrink or count against the run), so each round is exactl
 the run ``@seed(S)`` replays, and ``--seed S`` replays the hunt's rounds in order.
 A round that fails is shrunk to the end (Hypothesis bounds shrinking itself, at five
 minutes) and ends the hunt: its shrunk program is the finding.
+
+The string hash seed. vLLM iterates sets of request ids and block hashes in hash order,
+and a program's outcome can follow it (the 0.30.0 program of
+docs/vllm-bug-stranded-finished-load.md stranded a load under three seeds of six). So
+the runner starts itself again under the hunt's hash seed (``--hash-seed``, by default
+the first round's seed) before it imports vLLM, and hunt.md names it: a finding's
+command replays its round under the hashing it met.
 """
 
 from __future__ import annotations
@@ -47,6 +54,8 @@ from audit.hunt import (
     exit_code,
     hunt_options,
     parse_notes,
+    restart_command,
+    started_hash_seed,
     summary_line,
     write_report,
 )
@@ -54,13 +63,23 @@ from audit.hunt import (
 FRAMES = 8  # innermost frames of a finding's traceback shown in hunt.md
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, restart: bool = False) -> int:
+    """``restart``: run as a script, start this file again under the hunt's string
+    hash seed unless already under it (a test calling this in its own process does not:
+    its result then names no hash seed)."""
     try:
         options = hunt_options(argv, os.environ)
         outputs.check_reports_dir(options.config.reports_dir)
         installed = environment.installed_vllm(options.config.vllm_version)
+        args = list(sys.argv[1:] if argv is None else argv)
+        if restart and (command := restart_command(args, options, os.environ)):
+            runner, environ = [sys.executable, str(Path(__file__).resolve())], command[1]
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.execve(sys.executable, [*runner, *command[0]], environ)
+        hashed = started_hash_seed(options, os.environ)  # before _hermetic sets the children's
         _hermetic(options.config)
-        result = hunt(options, installed.version)
+        result = hunt(options, installed.version, hash_seed=hashed)
         path = write_report(options.config.reports_dir, result)
     except AuditError as error:
         print(error.render(), file=sys.stderr)
@@ -75,6 +94,7 @@ def hunt(
     *,
     log: Callable[[str], None] = print,
     clock: Callable[[], float] = time.monotonic,
+    hash_seed: int | None = None,
 ) -> HuntResult:
     """Rounds of the state machine until the time box is up or the machine raises."""
     # vLLM is imported here, after _hermetic: the offline HF home comes first.
@@ -155,6 +175,7 @@ def hunt(
         finding=finding,
         interrupted=interrupted,
         machines=tuple(name for name, _ in machines),
+        hash_seed=hash_seed,
     )
 
 
@@ -202,4 +223,4 @@ def _hermetic(config: Config) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(restart=True))

@@ -486,8 +486,8 @@ def _stranded_program() -> FenceMachine:
     attention, chunks of one block, dense retention, async scheduling, every transfer
     held until released, a pool sized for the longest request alone; six requests at
     once, three of them sharing a prefix and two another. The hunt's tier held 8
-    chunks; full, it evicted one of two chunks of one store, the one first in a set
-    of block hashes, so whether the program stranded a load depended on the process's
+    chunks; full, it evicted one of two chunks of one store, the one first in the set
+    of keys the job keeps, so whether the program stranded a load depended on the process's
     string hash seed. This tier has room for every chunk: it strands one under every
     seed tried (0-5 on 0.28.0 to 0.30.0)."""
     state = FenceMachine()

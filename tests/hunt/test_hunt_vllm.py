@@ -98,3 +98,31 @@ def test_a_round_runs_the_recurrent_machine_too(
     program = text.split("```python\n", 1)[1].split("\n```", 1)[0].splitlines()
     assert program[0] == "state = RecurrentMachine()"
     assert "flush on reuse" in text
+
+
+class _Started(Exception):
+    pass
+
+
+def test_the_runner_starts_itself_again_under_the_hunt_s_hash_seed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Run as a script, the runner replaces its process with itself under the hunt's
+    hash seed before vLLM's workloads start; the new process runs the hunt."""
+    started: list[tuple[str, list[str], dict[str, str]]] = []
+
+    def execve(path: str, args: list[str], environ: dict[str, str]) -> None:
+        started.append((path, args, environ))
+        raise _Started
+
+    monkeypatch.setattr(fence_hunt.os, "execve", execve)
+    monkeypatch.delenv("FENCE_AUDIT_HUNT_HASH_SEED", raising=False)
+    argv = ["--config", str(PYPROJECT), "--reports", str(tmp_path), "--seconds", "5"]
+    with pytest.raises(_Started):
+        fence_hunt.main([*argv, "--seed", "77"], restart=True)
+    ((path, args, environ),) = started
+    assert path == args[0]  # this python, as the nox session started it
+    assert args[1] == fence_hunt.__file__
+    assert args[2:] == [*argv, "--seed", "77", "--seed", "77", "--hash-seed", "77"]
+    assert environ["PYTHONHASHSEED"] == environ["FENCE_AUDIT_HUNT_HASH_SEED"] == "77"
+    assert not (tmp_path / "hunt.md").exists()  # the new process writes it

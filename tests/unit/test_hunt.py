@@ -12,6 +12,8 @@ from audit import outputs
 from audit.errors import ConfigError, ExitCode
 from audit.hunt import (
     DEFAULT_SECONDS,
+    HASH_SEED_ENV,
+    HASH_SEEDS,
     SECONDS_ENV,
     Finding,
     HuntResult,
@@ -19,7 +21,9 @@ from audit.hunt import (
     hunt_options,
     parse_notes,
     render,
+    restart_command,
     seconds_from,
+    started_hash_seed,
     write_report,
 )
 
@@ -87,6 +91,49 @@ def test_a_seed_of_any_round_a_hunt_drew_replays() -> None:
     assert hunt_options([*config, "--seed", str(late)], {}).seed == late
     with pytest.raises(ConfigError, match="--seed: must be at least 0"):
         hunt_options([*config, "--seed", "-1"], {})
+
+
+def test_the_hash_seed_is_the_first_round_s_seed_unless_given() -> None:
+    config = ["--config", str(PYPROJECT)]
+    assert hunt_options([*config, "--seed", "40"], {}).hash_seed == 40
+    late = HASH_SEEDS + 9  # a seed past PYTHONHASHSEED's range wraps into it
+    assert hunt_options([*config, "--seed", str(late)], {}).hash_seed == 9
+    given = hunt_options([*config, "--seed", "40", "--hash-seed", "3"], {})
+    assert (given.seed, given.hash_seed) == (40, 3)
+    drawn = hunt_options(config, {})
+    assert drawn.hash_seed == drawn.seed % HASH_SEEDS
+    for bad, says in (("-1", "at least 0"), (str(HASH_SEEDS), "at most 4,294,967,295")):
+        with pytest.raises(ConfigError, match=f"--hash-seed: must be {says}"):
+            hunt_options([*config, "--hash-seed", bad], {})
+
+
+def test_the_runner_starts_again_under_the_hash_seed_until_it_runs_under_it() -> None:
+    argv = ["--config", str(PYPROJECT), "--seconds", "5"]
+    options = hunt_options(argv, {})  # a drawn seed
+    command = restart_command(argv, options, {"HOME": "/home/x", "PYTHONHASHSEED": "random"})
+    assert command is not None
+    args, environ = command
+    again = hunt_options(args, environ)
+    assert (again.seed, again.hash_seed, again.seconds) == (options.seed, options.hash_seed, 5)
+    assert environ["HOME"] == "/home/x"
+    assert environ["PYTHONHASHSEED"] == environ[HASH_SEED_ENV] == str(options.hash_seed)
+    assert started_hash_seed(again, environ) == options.hash_seed
+    assert restart_command(args, again, environ) is None  # no second start
+    # PYTHONHASHSEED alone (a test's process, a pytest conftest's children's setting)
+    # is no proof that this process started under it
+    alone = {"PYTHONHASHSEED": str(options.hash_seed)}
+    assert started_hash_seed(options, alone) is None
+    assert restart_command(argv, options, alone) is not None
+
+
+def test_hunt_md_names_the_hash_seed_and_replays_under_it() -> None:
+    text = render(_result(_finding(), hash_seed=42))
+    assert "- string hash seed: 42 (`PYTHONHASHSEED`)" in text
+    assert "`nox -s hunt -- --seed 40 --hash-seed 42 --round-examples 20 --steps 60`" in text
+    assert "(`nox -s hunt -- --seed 42 --hash-seed 42 --round-examples 20 --steps 60`" in text
+    unknown = render(_result(_finding()))
+    assert "- string hash seed: the process's own" in unknown
+    assert "--hash-seed" not in unknown
 
 
 def test_a_finding_is_exit_14_and_hunt_md_holds_its_program_and_invariant() -> None:
