@@ -40,6 +40,13 @@ FINAL_TOKEN_UNCOMPUTED = "final store of a block whose last token was never comp
 # ledger's ``stale_tail_reads``): the job's other blocks are checked as usual.
 FINAL_SLIDING_WINDOW_TAIL = "final store of a sliding-window tail from a block handed on"
 
+# A vLLM bug (0.28.0-0.32.0) the harness can tolerate likewise: a sliding-window chunk
+# is stored without its null block, so its slot keeps what it held before, and a later
+# hit whose window reads that block loads it
+# (docs/vllm-bug-reachable-null-block-chunk-stored.md). Only such loads are tolerated:
+# a slot the chunk's latest store left unwritten; any other wrong load fails as usual.
+UNSTORED_SLOT = "load of a CPU slot its chunk's store left unwritten"
+
 
 # vLLM 0.34.0 on copies a stored chunk's null blocks too, as placeholders that keep the
 # chunk's later blocks at their offsets in the CPU chunk: the null block is zeroed, and
@@ -73,6 +80,8 @@ class Contents:
         self.gpu: dict[int, Tag] = {}
         self.cpu: dict[tuple[int, int], Tag] = {}  # (chunk id, block within chunk)
         self.reading: dict[int, list[StoreRead]] = {}  # block id -> stores reading it
+        # CPU chunk id -> the slots its latest store wrote (the others keep old data)
+        self.written: dict[int, set[int]] = {}
         self.violations: list[str] = []
 
     def _fail(self, message: str) -> None:
@@ -136,7 +145,11 @@ class Contents:
         return bool(request.is_finished() and tag[3] == end - 1 == request.num_tokens - 1)
 
     def finish_store(self, transfer: Transfer, step: int) -> None:
-        for _, _index, block_id, address in self.engine.ledger.places(transfer):
+        places = list(self.engine.ledger.places(transfer))
+        for chunk in {address[0] for *_, address in places}:
+            self.written[chunk] = set()
+        for _, _index, block_id, address in places:
+            self.written[address[0]].add(address[1])
             if block_id == 0 and NULL_PLACEHOLDERS:
                 self.cpu[address] = NULL
                 continue
@@ -178,7 +191,11 @@ class Contents:
                 continue  # into the null block, which nothing reads
             expected = self.expected_tag(job.req_id, group, index)
             loaded = self.cpu.get(address)
-            if loaded != expected:
+            unstored = address[1] not in self.written.get(address[0], ())
+            if loaded != expected and unstored and UNSTORED_SLOT in self.engine.tolerate:
+                # A known vLLM bug: recorded, not reported again.
+                self.engine.known_bug_hits.append((UNSTORED_SLOT, transfer.job_id))
+            elif loaded != expected:
                 self._fail(
                     f"step {step}: load job {transfer.job_id} brings {_show(loaded)} into "
                     f"block {block_id} (request {job.req_id}, block index {index}), "

@@ -35,6 +35,7 @@ from fence_contents import (
     FINAL_SLIDING_WINDOW_TAIL,
     FINAL_TOKEN_UNCOMPUTED,
     PREEMPTED_THEN_FINISHED,
+    UNSTORED_SLOT,
     Contents,
     ContentViolation,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "PREEMPTED_THEN_FINISHED",
     "RELEASE_TOLERANCE",
     "STRANDED_FINISHED_LOAD",
+    "UNSTORED_SLOT",
     "ContentViolation",
     "Delay",
     "FakeTransferWorker",

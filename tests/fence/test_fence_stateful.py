@@ -33,6 +33,7 @@ from fence_harness import (
     PREEMPTED_THEN_FINISHED,
     RELEASE_TOLERANCE,
     STRANDED_FINISHED_LOAD,
+    UNSTORED_SLOT,
     ContentViolation,
     FenceEngine,
 )
@@ -111,6 +112,10 @@ def _chunk_ending_answer(engine: FenceEngine, prompt: list[int]) -> tuple[list[i
 
 FINAL_TAIL_TOLERANCE = (FINAL_SLIDING_WINDOW_TAIL,) if has_bug("final-sliding-window-tail") else ()
 STRANDED_TOLERANCE = (STRANDED_FINISHED_LOAD,) if has_bug("stranded-finished-load") else ()
+# A release with reachable-null-block-chunk-stored: a sliding-window program under
+# async scheduling meets it without a second connector (a hunt on 0.31.0 did, within
+# five minutes); the loads of the slots its stores left unwritten are tolerated there.
+UNSTORED_TOLERANCE = (UNSTORED_SLOT,) if has_bug("reachable-null-block-chunk-stored") else ()
 # A release with multiconnector-allocation-unseen lets the other connector of a
 # MultiConnector load into a block a store still reads: on such a release any program
 # with the remote source could stop on that known bug, so the source stays off there.
@@ -233,6 +238,7 @@ class FenceMachine(RuleBasedStateMachine):
                 PREEMPTED_THEN_FINISHED,
                 *FINAL_TAIL_TOLERANCE,
                 *STRANDED_TOLERANCE,
+                *UNSTORED_TOLERANCE,
             ),
             post_step_fns=[self.oracle, *([self.liveness] if self.liveness else [])],
         )
@@ -665,23 +671,9 @@ def test_teardown_leaves_an_engine_whose_step_raised_as_it_is() -> None:
     assert engine.step_no == steps
 
 
-@known_bug(
-    "reachable-null-block-chunk-stored",
-    raises=ContentViolation,
-    reason="a chunk is stored with the null block the window slid past, and a later "
-    "hit loads that slot unwritten",
-)
-def test_a_window_slid_past_a_chunk_s_first_block_leaves_no_slot_unwritten() -> None:
-    """A hunt's program on 0.31.0 (2026-12-05, seed 302697075), with dense retention:
-    the registered reachable-null-block-chunk-stored without a second connector. With
-    async scheduling a request's window slides past its first block, which the
-    sliding-window manager nulls; on 0.28.0-0.32.0 its store then writes a chunk of
-    two blocks from that one block short (store job 11: GPU blocks 6, 17, 19 into two
-    CPU chunks), leaving a slot of CPU chunk 0 as an earlier store wrote it, and r12's
-    hit loads it into its block 0. vLLM 0.33.0 stores only the chunk without a null
-    block. Under vLLM's default retention it fails on 0.33.0 and 0.34.0 too (the
-    registered sparse-retention-shorter-hit-reads-unstored-block); with sync
-    scheduling it passes on 0.30.0-0.34.0."""
+def _window_slid_past_program(*, strict: bool) -> FenceMachine:
+    """The 0.31.0 hunt's program below, up to its teardown; ``strict``: without the
+    machine's tolerance of the loads of unwritten slots."""
     state = FenceMachine()
     state.start(
         async_scheduling=True,
@@ -701,6 +693,9 @@ def test_a_window_slid_past_a_chunk_s_first_block_leaves_no_slot_unwritten() -> 
         spare_blocks=12,
         window_blocks=3,
     )
+    assert state.engine is not None
+    if strict:
+        state.engine.tolerate = state.engine.tolerate - {UNSTORED_SLOT}
     a, d = PREFIXES[1], PREFIXES[3]
     state.add_request(max_tokens=1, prefix=(), remote_blocks=0, tail=0)
     state.step(steps=1)
@@ -724,7 +719,47 @@ def test_a_window_slid_past_a_chunk_s_first_block_leaves_no_slot_unwritten() -> 
     state.step(steps=1)
     state.follow_up(tail=0, wait=4)
     state.step(steps=1)
+    return state
+
+
+@known_bug(
+    "reachable-null-block-chunk-stored",
+    raises=ContentViolation,
+    reason="a chunk is stored with the null block the window slid past, and a later "
+    "hit loads that slot unwritten",
+)
+def test_a_window_slid_past_a_chunk_s_first_block_leaves_no_slot_unwritten() -> None:
+    """A hunt's program on 0.31.0 (2026-12-05, seed 302697075), with dense retention:
+    the registered reachable-null-block-chunk-stored without a second connector. With
+    async scheduling a request's window slides past its first block, which the
+    sliding-window manager nulls; on 0.28.0-0.32.0 its store then writes a chunk of
+    two blocks from that one block short (store job 11: GPU blocks 6, 17, 19 into two
+    CPU chunks), leaving a slot of CPU chunk 0 as an earlier store wrote it, and r12's
+    hit loads it into its block 0. vLLM 0.33.0 stores only the chunk without a null
+    block. Under vLLM's default retention it fails on 0.33.0 and 0.34.0 too (the
+    registered sparse-retention-shorter-hit-reads-unstored-block); with sync
+    scheduling it passes on 0.30.0-0.34.0."""
+    # the machine tolerates it where the registry lists it: not here
+    _window_slid_past_program(strict=True).teardown()
+
+
+def test_tolerating_an_unstored_slot_covers_only_those_loads() -> None:
+    """The random workloads tolerate reachable-null-block-chunk-stored where the
+    registry lists it: the load of the slot the store left unwritten is recorded, and
+    the program ends with every fence check passed. Elsewhere nothing is tolerated."""
+    state = _window_slid_past_program(strict=False)
+    engine = state.engine
+    assert engine is not None
     state.teardown()
+    hits = [job for label, job in engine.known_bug_hits if label == UNSTORED_SLOT]
+    assert engine.contents.violations == []
+    if not has_bug("reachable-null-block-chunk-stored"):
+        assert UNSTORED_SLOT not in engine.tolerate
+        assert hits == []
+        return
+    assert hits  # each a load job that brought in an unwritten slot
+    assert all(job in engine.ledger.load_jobs for job in hits)
+    assert engine.fence == {}
 
 
 def _cycle_machine(enabled: list[bool]) -> FenceMachine:
