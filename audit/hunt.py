@@ -98,6 +98,9 @@ class HuntResult:
     # the string hash seed the process ran under; None: not one the hunt chose (a
     # process it did not start hashes by a seed of its own, which no command replays)
     hash_seed: int | None = None
+    # each known vLLM bug the machines tolerated (docs/findings.toml), by the label the
+    # harness records it under, and how many programs met it
+    tolerated: tuple[tuple[str, int], ...] = ()
 
     def replay(self, seed: int) -> str:
         """The command that replays rounds from ``seed`` on, under this hunt's hashing."""
@@ -283,6 +286,7 @@ def render(result: HuntResult) -> str:
         + f" (round k: {result.seed} + k - 1); `{result.replay(result.seed)}` replays these "
         "rounds in order",
         _hash_line(result),
+        _tolerated_line(result),
         "",
     ]
     if finding is None:
@@ -345,6 +349,13 @@ def _hash_line(result: HuntResult) -> str:
         "iterates its sets of request ids and block hashes in, which a program's outcome "
         "can follow"
     )
+
+
+def _tolerated_line(result: HuntResult) -> str:
+    if not result.tolerated:
+        return "- known vLLM bugs tolerated: none met"
+    met = "; ".join(f"{_text(label)} ({_count(n, 'program')})" for label, n in result.tolerated)
+    return f"- known vLLM bugs tolerated (met, recorded, not reported): {met}"
 
 
 def _count(number: int, noun: str) -> str:

@@ -136,6 +136,16 @@ def test_hunt_md_names_the_hash_seed_and_replays_under_it() -> None:
     assert "--hash-seed" not in unknown
 
 
+def test_hunt_md_counts_the_programs_that_met_each_tolerated_bug() -> None:
+    met = (("a finished load stranded", 3), ("store of a request finished after", 1))
+    text = render(_result(tolerated=met))
+    assert (
+        "- known vLLM bugs tolerated (met, recorded, not reported): a finished load "
+        "stranded (3 programs); store of a request finished after (1 program)"
+    ) in text
+    assert "- known vLLM bugs tolerated: none met" in render(_result())
+
+
 def test_a_finding_is_exit_14_and_hunt_md_holds_its_program_and_invariant() -> None:
     result = _result(_finding())
     assert exit_code(result) == ExitCode.HUNT_FOUND
