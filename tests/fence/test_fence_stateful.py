@@ -671,6 +671,56 @@ def test_teardown_leaves_an_engine_whose_step_raised_as_it_is() -> None:
     assert engine.step_no == steps
 
 
+def test_a_load_of_a_tolerated_store_s_chunk_is_tolerated_too() -> None:
+    """A hunt's program on 0.31.0 (2026-12-06, seed 157577034): a producer-only
+    connector, async scheduling, one sliding-window group, a tier of one chunk. r3 is
+    preempted with its last token in flight and finishes; its store (job 0) is the
+    known preempted-final-store, tolerated, so the model did not track what it wrote.
+    r4's hit then loads that chunk (job 1), which the model read as never written and
+    reported. Such a load is the same bug's: recorded, not reported (0.28.0-0.33.0);
+    0.34.0 builds no such store."""
+    state = FenceMachine()
+    state.start(
+        async_scheduling=True,
+        block_sizes=(BLOCK, BLOCK),
+        blocks_per_chunk=1,
+        cpu_chunks=1,
+        delays=[None],
+        eagle=False,
+        enabled=[False, False, False, False],
+        kv_role="kv_producer",
+        layout="sliding",
+        ranks="one",
+        remote_source=False,
+        retention=None,
+        second_worker_lag=0,
+        seed=0,
+        spare_blocks=0,
+        window_blocks=3,
+    )
+    state.add_request(max_tokens=6, prefix=PREFIXES[1], remote_blocks=0, tail=0)
+    state.follow_up(tail=0, wait=1)
+    state.follow_up(tail=0, wait=2)
+    state.add_request(max_tokens=10, prefix=(), remote_blocks=0, tail=8)
+    state.follow_up(tail=0, wait=2)
+    state.follow_up(tail=0, wait=1)
+    state.follow_up(tail=2, wait=1)
+    state.add_request(max_tokens=1, prefix=(), remote_blocks=0, tail=8)
+    state.follow_up(tail=0, wait=1)
+    state.follow_up(tail=1, wait=1)
+    engine = state.engine
+    assert engine is not None
+    state.teardown()
+    assert engine.contents.violations == []
+    hits = {job for label, job in engine.known_bug_hits if label == PREEMPTED_THEN_FINISHED}
+    loads = hits & engine.ledger.load_jobs.keys()
+    if has_bug("preempted-final-store"):
+        assert hits - loads  # the store itself
+        assert loads  # and the load of what it wrote
+    else:
+        assert not hits
+
+
 def _window_slid_past_program(*, strict: bool) -> FenceMachine:
     """The 0.31.0 hunt's program below, up to its teardown; ``strict``: without the
     machine's tolerance of the loads of unwritten slots."""
