@@ -152,8 +152,11 @@ class WorkerSide:
         for req_id in req_ids:
             request = self.requests[req_id]
             computed = request.num_computed_tokens
-            if computed < request.num_prompt_tokens:
-                sampled.append([])  # a chunk of the prompt: nothing sampled yet
+            if computed < request.num_tokens:
+                # a chunk of the prompt, or of a preempted request's recompute that
+                # stops short of its last token: vLLM's model runner discards what it
+                # samples for a request whose tokens this step leaves uncomputed
+                sampled.append([])
             else:
                 sampled.append([_token(req_id, computed)])
         # vLLM 0.28.0-0.33.0 also take each request's index; 0.34.0 reads it off req_ids

@@ -721,6 +721,64 @@ def test_a_load_of_a_tolerated_store_s_chunk_is_tolerated_too() -> None:
         assert not hits
 
 
+def test_a_recompute_short_of_the_last_token_samples_nothing() -> None:
+    """A hunt's program on 0.33.0 (2026-12-06, seed 438847523): sync scheduling, the
+    second connector, cache resets that preempt every running request. In step 23 r7
+    (8 prompt tokens, 12 tokens, preempted with none computed) is recomputed 11 tokens
+    short of its last one. vLLM's model runner discards what it samples for a request
+    whose tokens the step leaves uncomputed; the harness's runner sampled a token
+    anyway (it asked only whether the prompt was computed), so r7 finished at its
+    length cap with token 11 never computed, and its final store read block 2 holding
+    tokens 8-10 only. On 0.33.0 the content model reported that store."""
+    state = FenceMachine()
+    state.start(
+        async_scheduling=False,
+        block_sizes=(BLOCK, BLOCK),
+        blocks_per_chunk=3,
+        cpu_chunks=6,
+        delays=[None],
+        eagle=False,
+        enabled=[False, True, True, True],
+        kv_role="kv_both",
+        layout="full",
+        ranks="one",
+        remote_source=True,
+        retention=0,
+        second_worker_lag=0,
+        seed=0,
+        spare_blocks=12,
+        window_blocks=1,
+    )
+    a, b = PREFIXES[2], PREFIXES[1]
+    state.add_request(max_tokens=10, prefix=a, remote_blocks=1, tail=6)
+    state.follow_up(tail=0, wait=2)
+    state.add_request(max_tokens=6, prefix=(), remote_blocks=0, tail=0)
+    for wait in (1, 2, 3, 2):
+        state.follow_up(tail=0, wait=wait)
+    state.follow_up(tail=2, wait=1)
+    state.follow_up(tail=0, wait=2)
+    state.add_request(max_tokens=9, prefix=(), remote_blocks=1, tail=6)
+    if PREEMPT_ALL:
+        state.preempt_all()
+    state.follow_up(tail=0, wait=4)
+    state.release_held()
+    state.add_request(max_tokens=6, prefix=(), remote_blocks=0, tail=7)
+    state.add_request(max_tokens=6, prefix=b, remote_blocks=0, tail=0)
+    state.follow_up(tail=2, wait=1)
+    state.follow_up(tail=0, wait=4)
+    if PREEMPT_ALL:
+        state.preempt_all()
+    state.reset_cache()
+    engine = state.engine
+    assert engine is not None
+    state.teardown()
+    assert engine.contents.violations == []
+    # every request that finished computing had computed all but its last token
+    finished = [q for q in engine.requests.values() if q.is_finished() and q.num_computed_tokens]
+    assert finished
+    assert [q.request_id for q in finished if q.num_computed_tokens < q.num_tokens - 1] == []
+
+
 def _window_slid_past_program(*, strict: bool) -> FenceMachine:
     """The 0.31.0 hunt's program below, up to its teardown; ``strict``: without the
     machine's tolerance of the loads of unwritten slots."""
