@@ -101,6 +101,9 @@ class HuntResult:
     # each known vLLM bug the machines tolerated (docs/findings.toml), by the label the
     # harness records it under, and how many programs met it
     tolerated: tuple[tuple[str, int], ...] = ()
+    # what the hunt sets in the machines' modules before its rounds (Python statements):
+    # a replay outside the hunt sets them too, or runs another program
+    settings: tuple[str, ...] = ()
 
     def replay(self, seed: int) -> str:
         """The command that replays rounds from ``seed`` on, under this hunt's hashing."""
@@ -318,6 +321,14 @@ def render(result: HuntResult) -> str:
         *_fenced(finding.program or "(Hypothesis printed no program)", "python"),
         "",
     ]
+    if result.settings:
+        lines += [
+            "The hunt ran it with these settings of the machines' modules; a replay "
+            "outside the hunt needs them first, or it runs another program:",
+            "",
+            *_fenced("\n".join(result.settings), "python"),
+            "",
+        ]
     if finding.reproduce:
         lines += [
             f"`{finding.reproduce}` on `{finding.machine}` replays this program alone "

@@ -106,7 +106,9 @@ def hunt(
     from test_fence_stateful import REMOTE_WINDOW, FenceMachine, RemoteWindowMachine
 
     # a known bug the ci programs do not meet, but the hunt's would (test_fence_stateful)
-    test_fence_stateful.DENSE_SLIDING_WINDOW = test_fence_stateful.SPARSE_SHORTER_HIT
+    dense = test_fence_stateful.SPARSE_SHORTER_HIT
+    test_fence_stateful.DENSE_SLIDING_WINDOW = dense
+    settings_made = (f"test_fence_stateful.DENSE_SLIDING_WINDOW = {dense}",) if dense else ()
 
     classes: dict[str, type[RuleBasedStateMachine]] = {
         "FenceMachine": FenceMachine,
@@ -184,6 +186,7 @@ def hunt(
         machines=tuple(name for name, _ in machines),
         hash_seed=hash_seed,
         tolerated=tuple(sorted(tolerated.items())),
+        settings=settings_made,
     )
 
 

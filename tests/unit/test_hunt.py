@@ -136,6 +136,14 @@ def test_hunt_md_names_the_hash_seed_and_replays_under_it() -> None:
     assert "--hash-seed" not in unknown
 
 
+def test_hunt_md_gives_the_settings_a_replay_needs() -> None:
+    setting = "test_fence_stateful.DENSE_SLIDING_WINDOW = True"
+    text = render(_result(_finding(), settings=(setting,)))
+    assert "a replay outside the hunt needs them first" in text
+    assert f"```python\n{setting}\n```" in text
+    assert "a replay outside the hunt" not in render(_result(_finding()))
+
+
 def test_hunt_md_counts_the_programs_that_met_each_tolerated_bug() -> None:
     met = (("a finished load stranded", 3), ("store of a request finished after", 1))
     text = render(_result(tolerated=met))
