@@ -42,8 +42,9 @@ SECONDS_ENV = "FENCE_AUDIT_HUNT_SECONDS"
 ROUND_EXAMPLES = 20
 PROFILE = "long"
 # The hunt's process hashes strings and bytes by one seed, its own: vLLM iterates sets
-# of request ids and of block hashes in hash order (the CPU tier, full, evicts the
-# first of a set of keys), so a program's outcome can follow the seed. By default it is
+# of request ids and of block hashes in hash order (up to 0.33.0 a store job's keys are
+# a set, marked evictable in its order, and a full CPU tier evicts the first), so a
+# program's outcome can follow the seed. By default it is
 # the first round's seed (modulo the range PYTHONHASHSEED takes), so --seed replays a
 # hunt in full; hunt.md names it, and --hash-seed replays a later round under it.
 HASH_SEEDS = 2**32

@@ -103,10 +103,15 @@ class Contents:
         per_block = self.engine.group_block_sizes[group] // self.engine.hash_block_size
         return self.engine.requests[req_id].block_hashes[(index + 1) * per_block - 1]
 
+    def _tolerated_preempted_store(self, job_id: int) -> bool:
+        """Whether ``job_id`` is a store of PREEMPTED_THEN_FINISHED, tolerated: it
+        reads freed blocks, so what it reads and writes is not tracked."""
+        known = job_id in self.engine.stores_after_preemption
+        return known and PREEMPTED_THEN_FINISHED in self.engine.tolerate
+
     def check_store_source(self, transfer: Transfer, step: int) -> None:
         job = self.engine.store_jobs[transfer.job_id]
-        known = transfer.job_id in self.engine.stores_after_preemption
-        if known and PREEMPTED_THEN_FINISHED in self.engine.tolerate:
+        if self._tolerated_preempted_store(transfer.job_id):
             # A known vLLM bug: recorded, not reported again.
             self.engine.known_bug_hits.append((PREEMPTED_THEN_FINISHED, transfer.job_id))
             return
@@ -156,9 +161,7 @@ class Contents:
         places = list(self.engine.ledger.places(transfer))
         for chunk in {address[0] for *_, address in places}:
             self.written[chunk] = set()
-        # a store check_store_source tolerated reads freed blocks: what it wrote is unknown
-        known = transfer.job_id in self.engine.stores_after_preemption
-        untracked = known and PREEMPTED_THEN_FINISHED in self.engine.tolerate
+        untracked = self._tolerated_preempted_store(transfer.job_id)
         for _, _index, block_id, address in places:
             self.written[address[0]].add(address[1])
             if untracked:

@@ -74,10 +74,11 @@ def main(argv: Sequence[str] | None = None, *, restart: bool = False) -> int:
         installed = environment.installed_vllm(options.config.vllm_version)
         args = list(sys.argv[1:] if argv is None else argv)
         if restart and (command := restart_command(args, options, os.environ)):
-            runner, environ = [sys.executable, str(Path(__file__).resolve())], command[1]
+            again, environ = command
             sys.stdout.flush()
             sys.stderr.flush()
-            os.execve(sys.executable, [*runner, *command[0]], environ)
+            runner = str(Path(__file__).resolve())
+            os.execve(sys.executable, [sys.executable, runner, *again], environ)
         hashed = started_hash_seed(options, os.environ)  # before _hermetic sets the children's
         _hermetic(options.config)
         result = hunt(options, installed.version, hash_seed=hashed)
