@@ -33,13 +33,17 @@ def _draw_from_the_strategies_alone() -> None:
 
 _draw_from_the_strategies_alone()
 
-# ci: 75 programs of 25 steps. After vLLM's one-time warm-up (~3 s) they take ~3 s
-# (25 took 1 s): 3x the programs for 1.5x the test's time, since at 25 which
-# catalogue bugs a derandomized run found was mostly down to its seed (issue 16).
+# ci: 120 programs of 20 steps, about 1.4 times the time of the 75 of 25 it had
+# before (measured over seeds 0-7, the three machines together: 5.8 s against 4.1 s
+# a seed). Four mutants the random workloads alone had killed stopped being killed
+# once the programs were made independent of local code, and whether the ci programs
+# met each depended on the seed: planted by hand and run under seeds 0-7 (2026-12-06),
+# 75 of 25 met 16 of those 32 (seed, mutant) pairs, 100 of 25 met 19, 150 of 15 met
+# 20, 120 of 20 met 24, 150 of 25 met 25 for 2.2 times the time.
 settings.register_profile(
     "ci",
-    max_examples=75,
-    stateful_step_count=25,
+    max_examples=120,
+    stateful_step_count=20,
     derandomize=True,
     database=None,
     deadline=None,
@@ -80,8 +84,10 @@ def profile() -> settings:
 # pairs were found, as many as before that draw. Those draws still held Hypothesis's
 # local constants (_draw_from_the_strategies_alone), so they held for the processes
 # measured only. Without them (2026-12-05, later), seeds 2, 3, 4 and 6 find all four,
-# 28 of the 32 pairs again, in any process.
-SEED = 2
+# 28 of the 32 pairs again, in any process. With 120 programs of 20 steps
+# (2026-12-06) seeds 0, 1, 3 and 7 find all four, 28 of the 32 pairs, and
+# RecurrentMachine's planted bug under all eight.
+SEED = 0
 
 
 def run_machine(machine: type[RuleBasedStateMachine], chosen: settings | None = None) -> None:

@@ -290,7 +290,7 @@ class FenceMachine(RuleBasedStateMachine):
         reuses uncached blocks first): the new request's first fresh block. Sharing
         only half the history keeps the new request from hitting that chunk and
         storing it itself. Without this rule the random workloads met the case only
-        by luck (none in the 75 programs of the ci profile).
+        by luck (none in the 75 programs of 25 steps the ci profile had then).
         """
         engine = self.engine
         assert engine is not None
