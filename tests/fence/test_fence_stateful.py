@@ -50,6 +50,9 @@ from hypothesis.stateful import (
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import (
     OffloadingConnectorScheduler,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.worker import (
+    OffloadingConnectorWorker,
+)
 
 BLOCK = 4
 # Prompts are a shared prefix (or not) plus a private tail, so that requests hit
@@ -1049,3 +1052,23 @@ def test_random_workloads_find_a_chunk_stored_with_a_reachable_null_block(
     with pytest.raises(ContentViolation) as caught:
         run_machine(RemoteWindowMachine, _ci_unshrunk())
     assert "brings" in str(caught.value)
+
+
+def test_random_workloads_find_a_non_writer_rank_that_never_acknowledges_a_flush(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The CI budget reaches the one fence bug on the worker's side of the catalogue
+    (worker-non-writer-never-acks): rank 1 of a replicated layout drops a store it is
+    told to flush in the step that created it, without acknowledging it, so the job
+    never completes and the fence keeps its blocks. That needs the replicated layout
+    and a same-step flush in one program. Same examples as the CI profile, without
+    shrinking."""
+    _plant(
+        monkeypatch,
+        OffloadingConnectorWorker,
+        "handle_preemptions",
+        "self._connector_worker_meta.mark_completed(job_id)\n",
+        "pass\n",
+    )
+    with pytest.raises(AssertionError, match="did not drain"):
+        run_machine(FenceMachine, _ci_unshrunk())
