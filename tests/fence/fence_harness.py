@@ -35,6 +35,7 @@ from fence_contents import (
     FINAL_SLIDING_WINDOW_TAIL,
     FINAL_TOKEN_UNCOMPUTED,
     PREEMPTED_THEN_FINISHED,
+    UNALIGNED_HIT,
     UNSTORED_SLOT,
     Contents,
     ContentViolation,
@@ -52,6 +53,7 @@ __all__ = [
     "PREEMPTED_THEN_FINISHED",
     "RELEASE_TOLERANCE",
     "STRANDED_FINISHED_LOAD",
+    "UNALIGNED_HIT",
     "UNSTORED_SLOT",
     "ContentViolation",
     "Delay",
@@ -154,6 +156,7 @@ class FenceEngine:
         self.blocks_per_chunk = blocks_per_chunk
         self.async_scheduling = async_scheduling
         self.layout = layout
+        self.eagle = eagle
         self.workers = workers
         self.second_worker_lag = second_worker_lag
         self.remote_source = remote_source

@@ -481,6 +481,80 @@ def test_a_shorter_hit_under_dense_retention_loads_only_stored_blocks() -> None:
     _shorter_hit_after_an_external_load(retention=None)
 
 
+UNALIGNED_HIT_REPORT = "docs/vllm-bug-unaligned-hybrid-hit-reads-unstored-block.md"
+
+
+def _hybrid_tier_after_two_external_loads(retention: int | None) -> FenceEngine:
+    """4-token full-attention blocks beside a sliding-window group of 2-token blocks
+    (a window of 3 blocks), chunks of two blocks: 8 tokens for full attention, 4 for the
+    window. Another connector of a MultiConnector loads a's first 12 tokens and b's
+    first 8, so the sliding-window manager backs only the window before them. a's store
+    leaves out its window chunk 1 (tokens 4-7), whose block 2 is null; b's stores its
+    window chunk 0 (tokens 0-3) without block 0, which the store's reachability, at
+    8-token boundaries, says no hit reads. The GPU prefix cache alone is then reset, so
+    that a later request's hit comes from the CPU tier (found by a hunt on 0.34.0,
+    reduced by hand)."""
+    e = FenceEngine(
+        layout="mixed",
+        block_size=4,
+        sliding_block_size=2,
+        window_blocks=3,
+        blocks_per_chunk=2,
+        remote_source=True,
+        retention_interval=retention,
+        num_gpu_blocks=40,
+        post_step_fns=[FenceOracle()],
+    )
+    e.add_request([*range(1, 9), *range(1000, 1005)], 1, req_id="a", remote_tokens=12)
+    e.add_request([1, 2, 3, 4, *range(1005, 1010)], 1, req_id="b", remote_tokens=8)
+    e.drain()
+    assert e.reset_gpu_cache()
+    return e
+
+
+@known_bug(
+    "unaligned-hybrid-hit-reads-unstored-block",
+    raises=ContentViolation,
+    reason=(
+        "the sliding-window group's 4-token chunks cut c's hit to 4 tokens, off the "
+        "8-token boundary the store's reachability assumes; the window before token 4 "
+        f"reads b's block 0, which b's store left out (see {UNALIGNED_HIT_REPORT})"
+    ),
+)
+@known_bug(
+    "reachable-null-block-chunk-stored",
+    raises=ContentViolation,
+    reason=(
+        "no check keeps a chunk holding a null block out of the tier: a's window chunk 1 "
+        "is stored without block 2, and c's 8-token hit reads it "
+        f"(see {NULL_CHUNK_REPORT})"
+    ),
+)
+@RETENTION
+def test_a_hit_cut_by_a_finer_window_chunk_loads_only_stored_blocks(
+    retention: int | None,
+) -> None:
+    """c shares a's first 8 tokens: full attention hits them all, but the window's
+    chunk 1 is not in the tier, so its chunk 0 cuts the hit to tokens 0-3, whose window
+    reads both of b's blocks 0 and 1. Either the hit stays on the full-attention chunk
+    boundary (no hit here) or the tier holds what it serves."""
+    e = _hybrid_tier_after_two_external_loads(retention)
+    e.add_request([*range(1, 9), 1010], 1, req_id="c")
+    e.drain()  # raises ContentViolation if a load brings a block no store wrote
+
+
+@RETENTION
+def test_the_same_tier_serves_an_aligned_hit_from_stored_blocks(retention: int | None) -> None:
+    """The case next to the bug, clean on every release: c shares b's first 8 tokens,
+    so its hit ends on the full-attention chunk boundary, and its window (tokens 2-7)
+    reads b's blocks 1-3, all stored."""
+    e = _hybrid_tier_after_two_external_loads(retention)
+    e.add_request([1, 2, 3, 4, 1005, 1006, 1007, 1008, 2000], 1, req_id="c")
+    e.drain()
+    assert any(job.req_id == "c" for job in e.ledger.load_jobs.values()), "c loaded nothing"
+    assert e.contents.violations == []
+
+
 def _stranded_program() -> FenceMachine:
     """A hunt's program on 0.30.0 (2026-12-05, seed 3344945474): one rank, full
     attention, chunks of one block, dense retention, async scheduling, every transfer
