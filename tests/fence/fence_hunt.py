@@ -117,6 +117,10 @@ def hunt(
     }
     if REMOTE_WINDOW:  # elsewhere a known bug stops its every program (test_fence_stateful)
         classes["RemoteWindowMachine"] = RemoteWindowMachine
+        # the block sizes the ci programs leave out, to keep what each seed deals
+        sizes = "test_fence_stateful.MIXED_BLOCK_SIZES"
+        test_fence_stateful.REMOTE_WINDOW_BLOCK_SIZES = test_fence_stateful.MIXED_BLOCK_SIZES
+        settings_made += (f"test_fence_stateful.REMOTE_WINDOW_BLOCK_SIZES = {sizes}",)
 
     base = settings.get_profile("long")
     budget = settings(
