@@ -869,25 +869,6 @@ def test_a_window_slid_past_a_chunk_s_first_block_leaves_no_slot_unwritten() -> 
     _window_slid_past_program(strict=True).teardown()
 
 
-def test_tolerating_an_unstored_slot_covers_only_those_loads() -> None:
-    """The random workloads tolerate reachable-null-block-chunk-stored where the
-    registry lists it: the load of the slot the store left unwritten is recorded, and
-    the program ends with every fence check passed. Elsewhere nothing is tolerated."""
-    state = _window_slid_past_program(strict=False)
-    engine = state.engine
-    assert engine is not None
-    state.teardown()
-    hits = [job for label, job in engine.known_bug_hits if label == UNSTORED_SLOT]
-    assert engine.contents.violations == []
-    if not has_bug("reachable-null-block-chunk-stored"):
-        assert UNSTORED_SLOT not in engine.tolerate
-        assert hits == []
-        return
-    assert hits  # each a load job that brought in an unwritten slot
-    assert all(job in engine.ledger.load_jobs for job in hits)
-    assert engine.fence == {}
-
-
 def _unaligned_hit_program(*, strict: bool) -> FenceMachine:
     """A hunt's program on 0.34.0 (2026-12-06, seed 708388464, round 112), up to its
     teardown, with dense retention as the hunt sets it: a mixed layout of 4-token
@@ -943,19 +924,29 @@ def test_a_hit_cut_off_the_full_attention_chunk_loads_only_stored_slots() -> Non
     _unaligned_hit_program(strict=True).teardown()
 
 
-def test_tolerating_an_unaligned_hit_covers_only_those_loads() -> None:
-    """The random workloads tolerate unaligned-hybrid-hit-reads-unstored-block where
-    the registry lists it: the load of the window's slot its store left out is
-    recorded, and the program ends with every fence check passed. Elsewhere nothing is
-    tolerated."""
-    state = _unaligned_hit_program(strict=False)
+@pytest.mark.parametrize(
+    ("program", "label", "finding"),
+    [
+        (_window_slid_past_program, UNSTORED_SLOT, "reachable-null-block-chunk-stored"),
+        (_unaligned_hit_program, UNALIGNED_HIT, "unaligned-hybrid-hit-reads-unstored-block"),
+    ],
+    ids=["unstored-slot", "unaligned-hit"],
+)
+def test_a_tolerance_covers_only_its_bug_s_loads(
+    program: Callable[..., FenceMachine], label: str, finding: str
+) -> None:
+    """The random workloads tolerate a known bug where the registry lists it: its
+    hunt's program, run with the tolerance, records each load of the slot the store
+    left out under the bug's label, and ends with every fence check passed. Elsewhere
+    nothing is tolerated, and the program passes."""
+    state = program(strict=False)
     engine = state.engine
     assert engine is not None
     state.teardown()
-    hits = [job for label, job in engine.known_bug_hits if label == UNALIGNED_HIT]
+    hits = [job for hit_label, job in engine.known_bug_hits if hit_label == label]
     assert engine.contents.violations == []
-    if not has_bug("unaligned-hybrid-hit-reads-unstored-block"):
-        assert UNALIGNED_HIT not in engine.tolerate
+    if not has_bug(finding):
+        assert label not in engine.tolerate
         assert hits == []
         return
     assert hits  # each a load job that brought in a slot its store left out

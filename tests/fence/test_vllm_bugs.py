@@ -357,16 +357,12 @@ def test_final_store_reads_only_computed_tokens(
 EAGLE_REPORT = "docs/vllm-bug-eagle-popped-chunk-reads-unstored-block.md"
 
 
-def _eagle_hit_after_an_external_load(*, eagle: bool) -> FenceEngine:
-    """4-token full-attention blocks beside a sliding-window group of 2-token blocks
-    (a window of 3 blocks, the drafter's when ``eagle``), chunks of two blocks,
-    default checkpoint
-    retention. Another connector of a MultiConnector loads request a's first 8
-    tokens, so the sliding-window manager backs only the window before token 8 and
-    leaves the group's first blocks null. a's stores then offload the sliding-window
-    chunks from there on. Once the GPU prefix cache alone is reset, b shares a's
-    first 8 tokens and loads what the CPU tier has of them."""
-    e = FenceEngine(
+def _hybrid_engine(*, eagle: bool = False, retention: int | None = 0) -> FenceEngine:
+    """4-token full-attention blocks beside a sliding-window group of 2-token blocks (a
+    window of 3 blocks, the drafter's when ``eagle``), chunks of two blocks (8 tokens
+    for full attention, 4 for the window), the second connector of a MultiConnector,
+    ``retention`` (0: vLLM's default checkpoint retention; None: dense)."""
+    return FenceEngine(
         layout="mixed",
         block_size=4,
         sliding_block_size=2,
@@ -374,10 +370,19 @@ def _eagle_hit_after_an_external_load(*, eagle: bool) -> FenceEngine:
         blocks_per_chunk=2,
         eagle=eagle,
         remote_source=True,
-        retention_interval=0,
+        retention_interval=retention,
         num_gpu_blocks=40,
         post_step_fns=[FenceOracle()],
     )
+
+
+def _eagle_hit_after_an_external_load(*, eagle: bool) -> FenceEngine:
+    """The hybrid engine, default retention. Another connector loads request a's first
+    8 tokens, so the sliding-window manager backs only the window before token 8 and
+    leaves the group's first blocks null. a's stores then offload the sliding-window
+    chunks from there on. Once the GPU prefix cache alone is reset, b shares a's
+    first 8 tokens and loads what the CPU tier has of them."""
+    e = _hybrid_engine(eagle=eagle)
     e.add_request([*range(1, 9), 1000, 1001, 1002], 2, req_id="a", remote_tokens=8)
     e.drain()
     assert e.reset_gpu_cache()
@@ -485,26 +490,14 @@ UNALIGNED_HIT_REPORT = "docs/vllm-bug-unaligned-hybrid-hit-reads-unstored-block.
 
 
 def _hybrid_tier_after_two_external_loads(retention: int | None) -> FenceEngine:
-    """4-token full-attention blocks beside a sliding-window group of 2-token blocks
-    (a window of 3 blocks), chunks of two blocks: 8 tokens for full attention, 4 for the
-    window. Another connector of a MultiConnector loads a's first 12 tokens and b's
-    first 8, so the sliding-window manager backs only the window before them. a's store
-    leaves out its window chunk 1 (tokens 4-7), whose block 2 is null; b's stores its
-    window chunk 0 (tokens 0-3) without block 0, which the store's reachability, at
-    8-token boundaries, says no hit reads. The GPU prefix cache alone is then reset, so
-    that a later request's hit comes from the CPU tier (found by a hunt on 0.34.0,
-    reduced by hand)."""
-    e = FenceEngine(
-        layout="mixed",
-        block_size=4,
-        sliding_block_size=2,
-        window_blocks=3,
-        blocks_per_chunk=2,
-        remote_source=True,
-        retention_interval=retention,
-        num_gpu_blocks=40,
-        post_step_fns=[FenceOracle()],
-    )
+    """The hybrid engine. Another connector loads a's first 12 tokens and b's first 8,
+    so the sliding-window manager backs only the window before them. a's store leaves
+    out its window chunk 1 (tokens 4-7), whose block 2 is null; b's stores its window
+    chunk 0 (tokens 0-3) without block 0, which the store's reachability, at 8-token
+    boundaries, says no hit reads. The GPU prefix cache alone is then reset, so that a
+    later request's hit comes from the CPU tier (found by a hunt on 0.34.0, reduced by
+    hand)."""
+    e = _hybrid_engine(retention=retention)
     e.add_request([*range(1, 9), *range(1000, 1005)], 1, req_id="a", remote_tokens=12)
     e.add_request([1, 2, 3, 4, *range(1005, 1010)], 1, req_id="b", remote_tokens=8)
     e.drain()
