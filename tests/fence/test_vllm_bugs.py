@@ -9,6 +9,8 @@ says which release fixed it.
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 from fence_config import Role
 from fence_findings import has_bug, known_bug
@@ -17,12 +19,13 @@ from fence_harness import (
     PREEMPTED_THEN_FINISHED,
     RELEASE_TOLERANCE,
     STRANDED_FINISHED_LOAD,
+    UNALIGNED_HIT,
     ContentViolation,
     FenceEngine,
     Plan,
 )
 from fence_oracle import FenceOracle, FenceViolation
-from test_fence_stateful import FenceMachine
+from test_fence_stateful import FenceMachine, _plant
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import (
     OffloadingConnectorScheduler,
 )
@@ -357,12 +360,16 @@ def test_final_store_reads_only_computed_tokens(
 EAGLE_REPORT = "docs/vllm-bug-eagle-popped-chunk-reads-unstored-block.md"
 
 
-def _hybrid_engine(*, eagle: bool = False, retention: int | None = 0) -> FenceEngine:
+def _hybrid_engine(
+    *, eagle: bool = False, retention: int | None = 0, tolerate: tuple[str, ...] | None = None
+) -> FenceEngine:
     """4-token full-attention blocks beside a sliding-window group of 2-token blocks (a
     window of 3 blocks, the drafter's when ``eagle``), chunks of two blocks (8 tokens
     for full attention, 4 for the window), the second connector of a MultiConnector,
-    ``retention`` (0: vLLM's default checkpoint retention; None: dense)."""
+    ``retention`` (0: vLLM's default checkpoint retention; None: dense); ``tolerate``
+    as FenceEngine's."""
     return FenceEngine(
+        tolerate=tolerate,
         layout="mixed",
         block_size=4,
         sliding_block_size=2,
@@ -489,7 +496,9 @@ def test_a_shorter_hit_under_dense_retention_loads_only_stored_blocks() -> None:
 UNALIGNED_HIT_REPORT = "docs/vllm-bug-unaligned-hybrid-hit-reads-unstored-block.md"
 
 
-def _hybrid_tier_after_two_external_loads(retention: int | None) -> FenceEngine:
+def _hybrid_tier_after_two_external_loads(
+    retention: int | None, tolerate: tuple[str, ...] | None = None
+) -> FenceEngine:
     """The hybrid engine. Another connector loads a's first 12 tokens and b's first 8,
     so the sliding-window manager backs only the window before them. a's store leaves
     out its window chunk 1 (tokens 4-7), whose block 2 is null; b's stores its window
@@ -497,7 +506,7 @@ def _hybrid_tier_after_two_external_loads(retention: int | None) -> FenceEngine:
     boundaries, says no hit reads. The GPU prefix cache alone is then reset, so that a
     later request's hit comes from the CPU tier (found by a hunt on 0.34.0, reduced by
     hand)."""
-    e = _hybrid_engine(retention=retention)
+    e = _hybrid_engine(retention=retention, tolerate=tolerate)
     e.add_request([*range(1, 9), *range(1000, 1005)], 1, req_id="a", remote_tokens=12)
     e.add_request([1, 2, 3, 4, *range(1005, 1010)], 1, req_id="b", remote_tokens=8)
     e.drain()
@@ -546,6 +555,26 @@ def test_the_same_tier_serves_an_aligned_hit_from_stored_blocks(retention: int |
     e.drain()
     assert any(job.req_id == "c" for job in e.ledger.load_jobs.values()), "c loaded nothing"
     assert e.contents.violations == []
+
+
+@RETENTION
+def test_the_unaligned_hit_tolerance_leaves_an_aligned_hit_to_fail(
+    monkeypatch: pytest.MonkeyPatch, retention: int | None
+) -> None:
+    """The random workloads' tolerance of unaligned-hybrid-hit-reads-unstored-block
+    (UNALIGNED_HIT) covers only a hit cut off the full-attention chunk. With the
+    reachable-null skip planted out (where vLLM has it: 0.33.0 on; before, vLLM stores
+    such a chunk itself), a's window chunk 1 is stored without its null block 2, so c's
+    hit reaches token 8, on the boundary, and its window reads that slot: an engine
+    tolerating UNALIGNED_HIT alone still fails."""
+    skip = "group_state.block_ids[chunk_start + b] == 0"
+    if skip in inspect.getsource(OffloadingConnectorScheduler._build_store_jobs):
+        _plant(monkeypatch, OffloadingConnectorScheduler, "_build_store_jobs", skip, "False")
+    e = _hybrid_tier_after_two_external_loads(retention, tolerate=(UNALIGNED_HIT,))
+    e.add_request([*range(1, 9), 1010], 1, req_id="c")
+    with pytest.raises(ContentViolation, match=r"request c, block index 2\)"):
+        e.drain()
+    assert [label for label, _ in e.known_bug_hits if label == UNALIGNED_HIT] == []
 
 
 def _stranded_program() -> FenceMachine:
