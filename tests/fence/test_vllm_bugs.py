@@ -10,6 +10,7 @@ says which release fixed it.
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 import pytest
 from fence_config import Role
@@ -662,3 +663,101 @@ def test_a_drain_stranded_without_tolerance_names_the_shape() -> None:
         return
     with pytest.raises(AssertionError, match=r"did not drain .*finished loading"):
         engine.drain()
+
+
+WINDOW_ZEROING_REPORT = "docs/vllm-bug-window-zeroing-drops-live-chunks.md"
+
+
+def _window_engine(**kwargs: Any) -> FenceEngine:
+    """One sliding-window group of 4-token blocks under dense retention (a CPU-tier
+    hit may end on any chunk boundary), a tier with room for every chunk."""
+    return FenceEngine(
+        layout="sliding", retention_interval=None, post_step_fns=[FenceOracle()], **kwargs
+    )
+
+
+def _c_loads_a_s_first_chunk(e: FenceEngine, chunk_tokens: int) -> None:
+    """Once every transfer is done, the GPU prefix cache alone is reset and c sends
+    a's first chunk and one new token: c's hit can come only from the CPU tier, and
+    only if a's chunk is there."""
+    e.drain()
+    assert e.reset_gpu_cache()
+    e.add_request([*e.requests["a"].all_token_ids[:chunk_tokens], 3000], 1, req_id="c")
+    e.drain()
+    assert any(job.req_id == "c" for job in e.ledger.load_jobs.values()), (
+        "c loaded nothing: a's first chunk never reached the CPU tier"
+    )
+
+
+def _a_then_b(b_prefix: range) -> FenceEngine:
+    """Chunks of three blocks (12 tokens), a window of two blocks. a's prompt is 11
+    tokens, so its first chunk's key waits for its first output token; b arrives
+    one step later, opening with ``b_prefix``: a's first 8 tokens, or others."""
+    e = _window_engine(window_blocks=2, blocks_per_chunk=3, num_gpu_blocks=40)
+    e.add_request([*range(1, 9), 1000, 1001, 1002], 3, req_id="a")
+    e.step()
+    e.add_request([*b_prefix, 2000], 1, req_id="b")
+    return e
+
+
+@known_bug(
+    "prefix-hit-taken-for-reused-window-block",
+    raises=AssertionError,
+    reason=(
+        "b's GPU prefix-cache hit on a's blocks 1 and 2 puts them among the step's new "
+        "blocks, the connector zeroes them in a's pending chunk as if reused, and the "
+        f"chunk, holding a reachable null block, is never stored (see {WINDOW_ZEROING_REPORT})"
+    ),
+)
+@known_bug(
+    "reachable-null-block-chunk-stored",
+    raises=ContentViolation,
+    reason=(
+        "a's chunk 0 is stored with the zeroed block 2 left unwritten, and c's hit "
+        f"loads that slot (see {NULL_CHUNK_REPORT})"
+    ),
+)
+def test_a_window_chunk_whose_blocks_another_request_hits_is_still_offloaded() -> None:
+    """b shares a's first 8 tokens, so the GPU prefix cache hands b a's blocks 1 and 2
+    while a still holds block 2 in its window. Sharing changes nothing a's chunk 0
+    holds: the tier should still get it, and c's hit load it."""
+    _c_loads_a_s_first_chunk(_a_then_b(range(1, 9)), 12)
+
+
+def test_a_window_chunk_no_other_request_hits_is_offloaded() -> None:
+    """The case next to the bug, clean on every release: b shares nothing with a."""
+    _c_loads_a_s_first_chunk(_a_then_b(range(50, 58)), 12)
+
+
+def _a_finishes_beside_b(pool: int) -> FenceEngine:
+    """Chunks of one block, a window of one, async scheduling. a's one-token prompt
+    and 4 tokens out: its computed tokens fill block 0, whose key comes with the
+    token after it, so the chunk is left to a's final store, built the step after a
+    finishes. b's 12-token prompt waits for blocks meanwhile; in a pool of ``pool``
+    blocks (the null one among them)."""
+    e = _window_engine(
+        window_blocks=1, blocks_per_chunk=1, async_scheduling=True, num_gpu_blocks=pool
+    )
+    e.add_request([1000], 4, req_id="a")
+    e.add_request(list(range(2000, 2012)), 3, req_id="b")
+    return e
+
+
+@known_bug(
+    "finished-window-chunk-dropped",
+    raises=AssertionError,
+    reason=(
+        "the step that builds a's final store hands a's freed block 1 to b, the "
+        "connector zeroes it in a's pending chunk as if reused, and the chunk is never "
+        f"stored; full attention stores it with a same-step flush (see {WINDOW_ZEROING_REPORT})"
+    ),
+)
+def test_a_finished_request_s_last_window_chunk_is_offloaded_though_its_block_moves_on() -> None:
+    """A pool of 3 usable blocks: b can run only once a has finished, and takes a's
+    block for its third. The block still holds a's chunk in the step b gets it."""
+    _c_loads_a_s_first_chunk(_a_finishes_beside_b(4), 4)
+
+
+def test_a_finished_request_s_last_window_chunk_is_offloaded_from_a_roomy_pool() -> None:
+    """The case next to the bug, clean on every release: b gets fresh blocks."""
+    _c_loads_a_s_first_chunk(_a_finishes_beside_b(40), 4)
