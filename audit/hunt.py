@@ -32,6 +32,7 @@ REPORT = "hunt.md"
 MACHINES = (
     ("FenceMachine", "tests/fence/test_fence_stateful.py"),
     ("RemoteWindowMachine", "tests/fence/test_fence_stateful.py"),
+    ("WindowMachine", "tests/fence/test_fence_stateful.py"),
     ("RecurrentMachine", "tests/fence/test_fence_recurrent.py"),
 )
 DEFAULT_SECONDS = 600

@@ -104,7 +104,7 @@ def hunt(
     from hypothesis import Phase, seed, settings
     from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
     from test_fence_recurrent import RecurrentMachine
-    from test_fence_stateful import REMOTE_WINDOW, FenceMachine, RemoteWindowMachine
+    from test_fence_stateful import REMOTE_WINDOW, FenceMachine, RemoteWindowMachine, WindowMachine
 
     # a known bug the ci programs do not meet, but the hunt's would (test_fence_stateful)
     dense = test_fence_stateful.SPARSE_SHORTER_HIT
@@ -113,6 +113,7 @@ def hunt(
 
     classes: dict[str, type[RuleBasedStateMachine]] = {
         "FenceMachine": FenceMachine,
+        "WindowMachine": WindowMachine,
         "RecurrentMachine": RecurrentMachine,
     }
     if REMOTE_WINDOW:  # elsewhere a known bug stops its every program (test_fence_stateful)

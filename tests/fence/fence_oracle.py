@@ -376,26 +376,30 @@ class StoreLiveness:
     """
 
     INVARIANT = "L1 computed chunks are offered to the tier"
+    WHAT = "its computed chunks"
 
-    def __init__(self, chunk_tokens: int) -> None:
+    def __init__(self, chunk_tokens: int, group: int = 0) -> None:
         self.chunk_tokens = chunk_tokens
+        self.group = group  # the connector's group whose chunks are held to the check
         self.keys: dict[str, list[Any]] = {}
-        # per request, the step in which each chunk was first computed (its length:
-        # the most chunks the request ever had computed)
-        self.computed_at: dict[str, list[int]] = {}
+        # per request, the chunks it is held to, each with the step it was computed in
+        self.computed_at: dict[str, dict[int, int]] = {}
         self.excused: dict[str, int] = {}
         self.first_offer: dict[Any, int] = {}
         self.offered_by: dict[str, set[Any]] = {}
 
     def __call__(self, engine: Any) -> None:
+        self._record_keys(engine)
+        for req_id, request in engine.requests.items():
+            steps = self.computed_at.setdefault(req_id, {})
+            for chunk in range(len(steps), request.num_computed_tokens // self.chunk_tokens):
+                steps[chunk] = engine.step_no
+
+    def _record_keys(self, engine: Any) -> None:
         for req_id, status in engine.connector._req_status.items():
-            keys = status.group_states[0].offload_keys
+            keys = status.group_states[self.group].offload_keys
             if len(keys) > len(self.keys.get(req_id, ())):
                 self.keys[req_id] = list(keys)
-        for req_id, request in engine.requests.items():
-            steps = self.computed_at.setdefault(req_id, [])
-            while len(steps) < request.num_computed_tokens // self.chunk_tokens:
-                steps.append(engine.step_no)
 
     def reset(self, engine: Any) -> None:
         """A cache reset: the chunks that the requests alive now, and the finished
@@ -405,7 +409,8 @@ class StoreLiveness:
         met = {r for r, q in engine.requests.items() if not q.is_finished()}
         for req_id in met | set(engine.connector._req_status):
             now = engine.requests[req_id].num_computed_tokens // self.chunk_tokens
-            self.excused[req_id] = max(len(self.computed_at.get(req_id, ())), now)
+            held = self.computed_at.get(req_id, {})
+            self.excused[req_id] = max(max(held, default=-1) + 1, now)
 
     def attach(self, engine: Any) -> None:
         """Record the tier's offers from the engine's first step on (a post-step
@@ -434,8 +439,7 @@ class StoreLiveness:
             if request.status not in done:
                 continue
             keys = self.keys.get(req_id, [])
-            at = self.computed_at[req_id]
-            chunks = min(len(keys), len(at))
+            limit = len(keys)
             if request.num_preemptions:
                 # Finished while preempted: with a token in flight and nothing that
                 # defers the free (a producer-only connector), a preemption frees the
@@ -443,20 +447,169 @@ class StoreLiveness:
                 # blocks held went with them: only the chunks it still counts computed
                 # (none) can be stored. vLLM 0.34.0 stores just those; earlier
                 # releases store from the freed blocks (preempted-final-store).
-                chunks = min(chunks, request.num_computed_tokens // self.chunk_tokens)
+                limit = min(limit, request.num_computed_tokens // self.chunk_tokens)
             own = self.offered_by.get(req_id, set())
             missing = [
-                c
-                for c in range(self.excused.get(req_id, 0), chunks)
-                if keys[c] not in own and self.first_offer.get(keys[c], at[c] + 1) > at[c]
+                chunk
+                for chunk, at in sorted(self.computed_at.get(req_id, {}).items())
+                if self.excused.get(req_id, 0) <= chunk < limit
+                and keys[chunk] not in own
+                and self.first_offer.get(keys[chunk], at + 1) > at
             ]
+            missing = self.untolerated(engine, req_id, missing)
             if missing:
                 found.append(
                     Violation(
                         self.INVARIANT,
                         engine.step_no,
-                        f"request {req_id} computed chunks 0-{chunks - 1} and finished, "
-                        f"but neither it nor an earlier store offered chunks {missing} to the tier",
+                        f"request {req_id} finished, but neither it nor an earlier store "
+                        f"offered {self.WHAT} {missing} to the tier",
                     )
                 )
         return found
+
+    def untolerated(self, engine: Any, req_id: str, missing: list[int]) -> list[int]:
+        return missing
+
+
+# Known vLLM bugs that drop a sliding-window chunk (WindowLiveness): a block the
+# connector zeroed in a request's pending positions although it was never stale.
+HIT_TAKEN_FOR_REUSED = "window chunk dropped: a block still held zeroed as if reused"
+FINISHED_CHUNK_ZEROED = "window chunk dropped: a finished request's freed block zeroed"
+
+
+class WindowLiveness(StoreLiveness):
+    """L2, liveness for a sliding-window group: at each boundary where a CPU-tier hit
+    can end (every multiple of both the hit alignment and the group's chunk, under
+    dense retention), the group's chunk ending there is offered to the tier, by the
+    request that computed its last token or by a store no later than that step.
+
+    Dense retention promises a hit at every aligned boundary, and a hit at a boundary
+    reads the window before it, whose last block is in that chunk; so does vLLM's
+    reachability mask, which always keeps a boundary's last block. A chunk whose last
+    token came from a hit (the CPU tier or the GPU prefix cache) is not held to it: a
+    request's blocks before its hit's window are null, so the request that computed
+    the chunk answers for it. Reset and preemption as in :class:`StoreLiveness`.
+
+    ``coarse``: where vLLM's mask cannot tell which blocks a hit reads (the hit
+    alignment is no multiple of the group's block, or a hit's window spans a whole
+    segment), it calls every block reachable, and so skips every chunk holding a null
+    block, by design. There a chunk in which the request's own block table held a null
+    block while it ran is not held to the check.
+
+    ``tolerate`` (labels above): where vLLM zeroes a block that is not stale, the chunk
+    holding it is dropped; a missing chunk with such a block is recorded in the
+    engine's ``known_bug_hits``, not reported.
+    """
+
+    INVARIANT = "L2 sliding-window chunks at hit boundaries are offered to the tier"
+    WHAT = "the sliding-window chunks ending where a hit can end,"
+
+    def __init__(
+        self,
+        group: int,
+        chunk_tokens: int,
+        every: int,
+        blocks_per_chunk: int,
+        coarse: bool,
+        tolerate: Iterable[str] = (),
+    ) -> None:
+        super().__init__(chunk_tokens, group)
+        self.every = every
+        self.blocks_per_chunk = blocks_per_chunk
+        self.coarse = coarse
+        # per request, the chunks its own block table held a null block in
+        self.with_null: dict[str, set[int]] = {}
+        self.tolerate = frozenset(tolerate)
+        # per request, its connector-side block ids after the last step, whether it
+        # had finished then, and the positions zeroed: position -> (still held, finished)
+        self.block_ids: dict[str, list[int]] = {}
+        self.finished: set[str] = set()
+        self.zeroed: dict[str, dict[int, tuple[bool, bool]]] = {}
+
+    def __call__(self, engine: Any) -> None:
+        self._record_keys(engine)
+        self._record_zeroing(engine)
+        if self.coarse:
+            self._record_nulls(engine)
+        output = engine.history[-1].output
+        starts = {new.req_id: new.num_computed_tokens for new in output.scheduled_new_reqs}
+        cached = output.scheduled_cached_reqs
+        starts.update(zip(cached.req_ids, cached.num_computed_tokens, strict=False))
+        for req_id, scheduled in output.num_scheduled_tokens.items():
+            start = starts[req_id]
+            held = self.computed_at.setdefault(req_id, {})
+            # the boundaries whose last token this step computes: (start, start + scheduled]
+            for k in range(start // self.every + 1, (start + scheduled) // self.every + 1):
+                held.setdefault(k * self.every // self.chunk_tokens - 1, engine.step_no)
+
+    def _record_nulls(self, engine: Any) -> None:
+        from vllm.v1.request import RequestStatus
+
+        manager = engine.scheduler.kv_cache_manager
+        for req_id, request in engine.requests.items():
+            if request.status == RequestStatus.RUNNING:
+                table = manager.get_block_ids(req_id)[self.group]
+                nulls = self.with_null.setdefault(req_id, set())
+                nulls.update(p // self.blocks_per_chunk for p, b in enumerate(table) if b == 0)
+
+    def _record_zeroing(self, engine: Any) -> None:
+        """Note each position the connector zeroed in this step: whether the request
+        still held that block (its scheduler-side table maps the position to it), and
+        whether the request had finished before the step. Positions of a finished
+        request whose state went in this step count as zeroed if the step handed
+        their blocks out."""
+        from vllm.v1.request import RequestStatus
+
+        manager = engine.scheduler.kv_cache_manager
+        # finished before the step: at the last one's end, or between the two (a
+        # flush of async output), which this step's output reports
+        finished = self.finished | set(engine.history[-1].output.finished_req_ids or ())
+        for req_id, status in engine.connector._req_status.items():
+            now = list(status.group_states[self.group].block_ids)
+            before = self.block_ids.get(req_id, [])
+            table: list[int] = []
+            if engine.requests[req_id].status == RequestStatus.RUNNING:
+                table = manager.get_block_ids(req_id)[self.group]
+            for position, (old, new) in enumerate(zip(before, now, strict=False)):
+                if old and not new:
+                    held = position < len(table) and table[position] == old
+                    zeroed = self.zeroed.setdefault(req_id, {})
+                    zeroed[position] = (held, req_id in finished)
+            self.block_ids[req_id] = now
+        # A finished request's state goes in the step that builds its final store,
+        # after the zeroing: what it zeroed is what the step handed out of its blocks.
+        allocated = engine.history[-1].allocated
+        for req_id in set(self.block_ids) - set(engine.connector._req_status):
+            before = self.block_ids.pop(req_id)
+            if req_id in finished:
+                zeroed = self.zeroed.setdefault(req_id, {})
+                for position, block in enumerate(before):
+                    if block and block in allocated:
+                        zeroed[position] = (False, True)
+        self.finished = {r for r, q in engine.requests.items() if q.is_finished()}
+
+    def untolerated(self, engine: Any, req_id: str, missing: list[int]) -> list[int]:
+        zeroed = self.zeroed.get(req_id, {})
+        left = []
+        for chunk in sorted(set(missing) - self.with_null.get(req_id, set())):
+            first = chunk * self.blocks_per_chunk
+            shapes = [zeroed.get(p) for p in range(first, first + self.blocks_per_chunk)]
+            label = next(
+                (
+                    label
+                    for shape in shapes
+                    if shape is not None
+                    for label, on in (
+                        (HIT_TAKEN_FOR_REUSED, shape[0]),
+                        (FINISHED_CHUNK_ZEROED, shape[1]),
+                    )
+                    if on and label in self.tolerate
+                ),
+                None,
+            )
+            if label is None:
+                left.append(chunk)
+            else:
+                engine.known_bug_hits.append((label, -1))
+        return left

@@ -25,7 +25,13 @@ from fence_harness import (
     FenceEngine,
     Plan,
 )
-from fence_oracle import FenceOracle, FenceViolation
+from fence_oracle import (
+    FINISHED_CHUNK_ZEROED,
+    HIT_TAKEN_FOR_REUSED,
+    FenceOracle,
+    FenceViolation,
+    WindowLiveness,
+)
 from test_fence_stateful import FenceMachine, _plant
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import (
     OffloadingConnectorScheduler,
@@ -668,12 +674,15 @@ def test_a_drain_stranded_without_tolerance_names_the_shape() -> None:
 WINDOW_ZEROING_REPORT = "docs/vllm-bug-window-zeroing-drops-live-chunks.md"
 
 
-def _window_engine(**kwargs: Any) -> FenceEngine:
+def _window_engine(liveness: WindowLiveness | None = None, **kwargs: Any) -> FenceEngine:
     """One sliding-window group of 4-token blocks under dense retention (a CPU-tier
-    hit may end on any chunk boundary), a tier with room for every chunk."""
-    return FenceEngine(
-        layout="sliding", retention_interval=None, post_step_fns=[FenceOracle()], **kwargs
-    )
+    hit may end on any chunk boundary), a tier with room for every chunk; with
+    ``liveness`` attached before the first step."""
+    checks = [FenceOracle(), *([liveness] if liveness else [])]
+    e = FenceEngine(layout="sliding", retention_interval=None, post_step_fns=checks, **kwargs)
+    if liveness is not None:
+        liveness.attach(e)
+    return e
 
 
 def _c_loads_a_s_first_chunk(e: FenceEngine, chunk_tokens: int) -> None:
@@ -689,11 +698,11 @@ def _c_loads_a_s_first_chunk(e: FenceEngine, chunk_tokens: int) -> None:
     )
 
 
-def _a_then_b(b_prefix: range) -> FenceEngine:
+def _a_then_b(b_prefix: range, liveness: WindowLiveness | None = None) -> FenceEngine:
     """Chunks of three blocks (12 tokens), a window of two blocks. a's prompt is 11
     tokens, so its first chunk's key waits for its first output token; b arrives
     one step later, opening with ``b_prefix``: a's first 8 tokens, or others."""
-    e = _window_engine(window_blocks=2, blocks_per_chunk=3, num_gpu_blocks=40)
+    e = _window_engine(liveness, window_blocks=2, blocks_per_chunk=3, num_gpu_blocks=40)
     e.add_request([*range(1, 9), 1000, 1001, 1002], 3, req_id="a")
     e.step()
     e.add_request([*b_prefix, 2000], 1, req_id="b")
@@ -729,14 +738,14 @@ def test_a_window_chunk_no_other_request_hits_is_offloaded() -> None:
     _c_loads_a_s_first_chunk(_a_then_b(range(50, 58)), 12)
 
 
-def _a_finishes_beside_b(pool: int) -> FenceEngine:
+def _a_finishes_beside_b(pool: int, liveness: WindowLiveness | None = None) -> FenceEngine:
     """Chunks of one block, a window of one, async scheduling. a's one-token prompt
     and 4 tokens out: its computed tokens fill block 0, whose key comes with the
     token after it, so the chunk is left to a's final store, built the step after a
     finishes. b's 12-token prompt waits for blocks meanwhile; in a pool of ``pool``
     blocks (the null one among them)."""
     e = _window_engine(
-        window_blocks=1, blocks_per_chunk=1, async_scheduling=True, num_gpu_blocks=pool
+        liveness, window_blocks=1, blocks_per_chunk=1, async_scheduling=True, num_gpu_blocks=pool
     )
     e.add_request([1000], 4, req_id="a")
     e.add_request(list(range(2000, 2012)), 3, req_id="b")
@@ -761,3 +770,55 @@ def test_a_finished_request_s_last_window_chunk_is_offloaded_though_its_block_mo
 def test_a_finished_request_s_last_window_chunk_is_offloaded_from_a_roomy_pool() -> None:
     """The case next to the bug, clean on every release: b gets fresh blocks."""
     _c_loads_a_s_first_chunk(_a_finishes_beside_b(40), 4)
+
+
+# The two findings' programs and their neighbours, as WindowLiveness (L2) meets them:
+# (build, chunk blocks, the bug's tolerance label, the finding); a neighbour has none.
+WINDOW_PROGRAMS = {
+    "b-hits-a": (
+        lambda live: _a_then_b(range(1, 9), live),
+        3,
+        HIT_TAKEN_FOR_REUSED,
+        "prefix-hit-taken-for-reused-window-block",
+    ),
+    "b-apart": (lambda live: _a_then_b(range(50, 58), live), 3, None, None),
+    "block-moves-on": (
+        lambda live: _a_finishes_beside_b(4, live),
+        1,
+        FINISHED_CHUNK_ZEROED,
+        "finished-window-chunk-dropped",
+    ),
+    "roomy-pool": (lambda live: _a_finishes_beside_b(40, live), 1, None, None),
+}
+
+
+@pytest.mark.parametrize("program", list(WINDOW_PROGRAMS))
+@pytest.mark.parametrize("tolerated", ["nothing", "its-bug", "the-other-bug"])
+def test_the_window_liveness_check_names_each_dropped_chunk(program: str, tolerated: str) -> None:
+    """L2 on the findings' programs: where the release drops a's chunk 0, the check
+    names it, unless the engine tolerates that very bug, which is then recorded as
+    met; tolerating the other one hides nothing. On the neighbouring programs, and
+    where the release stores the chunk, it finds nothing."""
+    build, blocks, label, finding = WINDOW_PROGRAMS[program]
+    other = {HIT_TAKEN_FOR_REUSED: FINISHED_CHUNK_ZEROED}.get(label, HIT_TAKEN_FOR_REUSED)
+    tolerate = {"nothing": (), "its-bug": (label,), "the-other-bug": (other,)}[tolerated]
+    chunk = 4 * blocks
+    # a window of two blocks in chunks of three, or of one in chunks of one (coarse)
+    coarse = blocks == 1
+    liveness = WindowLiveness(
+        0, chunk, chunk, blocks, coarse=coarse, tolerate=[t for t in tolerate if t]
+    )
+    e = build(liveness)
+    e.drain()
+    found = liveness.check(e)
+    labels = (HIT_TAKEN_FOR_REUSED, FINISHED_CHUNK_ZEROED)
+    met = [hit for hit, _ in e.known_bug_hits if hit in labels]
+    if finding is None or not has_bug(finding):
+        assert (found, met) == ([], [])
+    elif tolerated == "its-bug":
+        assert (found, met) == ([], [label])
+    else:
+        assert met == []
+        assert [v.invariant for v in found] == [WindowLiveness.INVARIANT]
+        assert "request a finished" in found[0].message
+        assert "[0]" in found[0].message
