@@ -555,37 +555,31 @@ class WindowLiveness(StoreLiveness):
 
     def _record_zeroing(self, engine: Any) -> None:
         """Note each position the connector zeroed in this step: whether the request
-        still held that block (its scheduler-side table maps the position to it), and
+        still held that block once the step was scheduled (the zeroing's moment), and
         whether the request had finished before the step. Positions of a finished
         request whose state went in this step count as zeroed if the step handed
         their blocks out."""
-        from vllm.v1.request import RequestStatus
-
-        manager = engine.scheduler.kv_cache_manager
+        record = engine.history[-1]
         # finished before the step: at the last one's end, or between the two (a
         # flush of async output), which this step's output reports
-        finished = self.finished | set(engine.history[-1].output.finished_req_ids or ())
+        finished = self.finished | set(record.output.finished_req_ids or ())
         for req_id, status in engine.connector._req_status.items():
             now = list(status.group_states[self.group].block_ids)
             before = self.block_ids.get(req_id, [])
-            table: list[int] = []
-            if engine.requests[req_id].status == RequestStatus.RUNNING:
-                table = manager.get_block_ids(req_id)[self.group]
             for position, (old, new) in enumerate(zip(before, now, strict=False)):
                 if old and not new:
-                    held = position < len(table) and table[position] == old
+                    held = record.tables.get((req_id, self.group, position)) == old
                     zeroed = self.zeroed.setdefault(req_id, {})
                     zeroed[position] = (held, req_id in finished)
             self.block_ids[req_id] = now
         # A finished request's state goes in the step that builds its final store,
         # after the zeroing: what it zeroed is what the step handed out of its blocks.
-        allocated = engine.history[-1].allocated
         for req_id in set(self.block_ids) - set(engine.connector._req_status):
             before = self.block_ids.pop(req_id)
             if req_id in finished:
                 zeroed = self.zeroed.setdefault(req_id, {})
                 for position, block in enumerate(before):
-                    if block and block in allocated:
+                    if block and block in record.allocated:
                         zeroed[position] = (False, True)
         self.finished = {r for r, q in engine.requests.items() if q.is_finished()}
 

@@ -529,9 +529,9 @@ class WindowMachine(FenceMachine):
     """FenceMachine's rules, every program in a layout WindowLiveness (L2) holds to its
     check: a sliding-window group, alone or beside full attention (any of the mixed
     block sizes), under dense retention, with no EAGLE drafter and no second connector.
-    FenceMachine's programs meet that layout about one time in twelve (its ci programs
-    under the seed held ten finished requests to L2), and mutmut's ``continue`` ->
-    ``break`` on a null block in the store's chunk loop survived them."""
+    FenceMachine's ci run starts 9 of its 138 programs in such a layout (0.33.0), and
+    mutmut's ``continue`` -> ``break`` on a null block in the store's chunk loop
+    survived them; this machine's ci programs find it."""
 
     @precondition(lambda self: self.engine is None)
     @rule(
