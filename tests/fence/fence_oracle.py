@@ -376,7 +376,7 @@ class StoreLiveness:
     """
 
     INVARIANT = "L1 computed chunks are offered to the tier"
-    WHAT = "its computed chunks"
+    WHAT = "its computed chunks {}"  # the chunks missing, as a message names them
 
     def __init__(self, chunk_tokens: int, group: int = 0) -> None:
         self.chunk_tokens = chunk_tokens
@@ -456,19 +456,20 @@ class StoreLiveness:
                 and keys[chunk] not in own
                 and self.first_offer.get(keys[chunk], at + 1) > at
             ]
-            missing = self.untolerated(engine, req_id, missing)
+            missing = self.reported(engine, req_id, missing)
             if missing:
                 found.append(
                     Violation(
                         self.INVARIANT,
                         engine.step_no,
                         f"request {req_id} finished, but neither it nor an earlier store "
-                        f"offered {self.WHAT} {missing} to the tier",
+                        f"offered {self.WHAT.format(missing)} to the tier",
                     )
                 )
         return found
 
-    def untolerated(self, engine: Any, req_id: str, missing: list[int]) -> list[int]:
+    def reported(self, engine: Any, req_id: str, missing: list[int]) -> list[int]:
+        """Of the chunks ``req_id`` left unoffered, those the check reports."""
         return missing
 
 
@@ -503,7 +504,7 @@ class WindowLiveness(StoreLiveness):
     """
 
     INVARIANT = "L2 sliding-window chunks at hit boundaries are offered to the tier"
-    WHAT = "the sliding-window chunks ending where a hit can end,"
+    WHAT = "the sliding-window chunks {}, each ending where a hit can end,"
 
     def __init__(
         self,
@@ -583,7 +584,9 @@ class WindowLiveness(StoreLiveness):
                         zeroed[position] = (False, True)
         self.finished = {r for r, q in engine.requests.items() if q.is_finished()}
 
-    def untolerated(self, engine: Any, req_id: str, missing: list[int]) -> list[int]:
+    def reported(self, engine: Any, req_id: str, missing: list[int]) -> list[int]:
+        """All but the chunks vLLM skips by design (``coarse``) and those a tolerated
+        bug dropped, each of those recorded in the engine's ``known_bug_hits``."""
         zeroed = self.zeroed.get(req_id, {})
         left = []
         for chunk in sorted(set(missing) - self.with_null.get(req_id, set())):
