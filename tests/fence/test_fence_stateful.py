@@ -160,6 +160,37 @@ SPARSE_SHORTER_HIT = has_bug("sparse-retention-shorter-hit-reads-unstored-block"
 DENSE_SLIDING_WINDOW = False
 
 
+# What FenceMachine's start draws besides the layout and the features it may fix: the
+# engine's shape, then the program's delays, seed, actions and role. Hypothesis draws a
+# rule's arguments in the order given, so the two parts keep their places in it.
+ENGINE_DRAWS: dict[str, Any] = {
+    "block_sizes": st.sampled_from(MIXED_BLOCK_SIZES),
+    # Asynchronous scheduling two times in three, and a pool with no spare block
+    # one in three: every same-step flush of a finished request's store the ci
+    # programs met had both (freed blocks handed out again at once).
+    "async_scheduling": st.sampled_from([True, True, False]),
+    "spare_blocks": st.sampled_from([0, 0, 0, 1, 2, 4, 8, 12, 12]),
+    # a CPU tier of one to three chunks four times in eleven: the programs that
+    # met a stored chunk holding a null block (a planted registration of it,
+    # seeds 0-7) all had a tier of one to four chunks
+    "cpu_chunks": st.sampled_from([1, 1, 2, 2, 3, 4, 6, 8, 12, 16, 24]),
+    # one rank; two that both write (the second reports late); or a replicated
+    # layout's two, rank 1 a non-writer that acknowledges stores it never runs
+    "ranks": st.sampled_from(["one", "one", "two", "replicated"]),
+    "second_worker_lag": st.integers(0, 3),
+    "blocks_per_chunk": st.sampled_from([1, 1, 2, 3]),
+    "window_blocks": st.integers(1, 3),
+}
+RUN_DRAWS: dict[str, Any] = {
+    "delays": st.lists(st.one_of(st.none(), st.integers(0, 4)), min_size=1, max_size=8),
+    "seed": st.integers(0, 2**16),
+    "enabled": st.lists(st.booleans(), min_size=len(ACTIONS), max_size=len(ACTIONS)),
+    # the connector a consumer (as vLLM configures it) two times in three: a
+    # producer-only one frees the blocks of a step in flight at once
+    "kv_role": st.sampled_from(["kv_both", "kv_both", "kv_producer"]),
+}
+
+
 class FenceMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -172,31 +203,11 @@ class FenceMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.engine is None)
     @rule(
         layout=st.sampled_from(["full", "sliding", "mixed"]),
-        block_sizes=st.sampled_from(MIXED_BLOCK_SIZES),
-        # Asynchronous scheduling two times in three, and a pool with no spare block
-        # one in three: every same-step flush of a finished request's store the ci
-        # programs met had both (freed blocks handed out again at once).
-        async_scheduling=st.sampled_from([True, True, False]),
-        spare_blocks=st.sampled_from([0, 0, 0, 1, 2, 4, 8, 12, 12]),
-        # a CPU tier of one to three chunks four times in eleven: the programs that
-        # met a stored chunk holding a null block (a planted registration of it,
-        # seeds 0-7) all had a tier of one to four chunks
-        cpu_chunks=st.sampled_from([1, 1, 2, 2, 3, 4, 6, 8, 12, 16, 24]),
-        # one rank; two that both write (the second reports late); or a replicated
-        # layout's two, rank 1 a non-writer that acknowledges stores it never runs
-        ranks=st.sampled_from(["one", "one", "two", "replicated"]),
-        second_worker_lag=st.integers(0, 3),
-        blocks_per_chunk=st.sampled_from([1, 1, 2, 3]),
-        window_blocks=st.integers(1, 3),
+        **ENGINE_DRAWS,
         remote_source=st.booleans(),
         retention=st.sampled_from([0, None]),
         eagle=st.booleans(),
-        delays=st.lists(st.one_of(st.none(), st.integers(0, 4)), min_size=1, max_size=8),
-        seed=st.integers(0, 2**16),
-        enabled=st.lists(st.booleans(), min_size=len(ACTIONS), max_size=len(ACTIONS)),
-        # the connector a consumer (as vLLM configures it) two times in three: a
-        # producer-only one frees the blocks of a step in flight at once
-        kv_role=st.sampled_from(["kv_both", "kv_both", "kv_producer"]),
+        **RUN_DRAWS,
     )
     def start(
         self,
@@ -536,18 +547,8 @@ class WindowMachine(FenceMachine):
     @precondition(lambda self: self.engine is None)
     @rule(
         layout=st.sampled_from(["sliding", "mixed"]),
-        block_sizes=st.sampled_from(MIXED_BLOCK_SIZES),
-        async_scheduling=st.sampled_from([True, True, False]),
-        spare_blocks=st.sampled_from([0, 0, 0, 1, 2, 4, 8, 12, 12]),
-        cpu_chunks=st.sampled_from([1, 1, 2, 2, 3, 4, 6, 8, 12, 16, 24]),
-        ranks=st.sampled_from(["one", "one", "two", "replicated"]),
-        second_worker_lag=st.integers(0, 3),
-        blocks_per_chunk=st.sampled_from([1, 1, 2, 3]),
-        window_blocks=st.integers(1, 3),
-        delays=st.lists(st.one_of(st.none(), st.integers(0, 4)), min_size=1, max_size=8),
-        seed=st.integers(0, 2**16),
-        enabled=st.lists(st.booleans(), min_size=len(ACTIONS), max_size=len(ACTIONS)),
-        kv_role=st.sampled_from(["kv_both", "kv_both", "kv_producer"]),
+        **ENGINE_DRAWS,
+        **RUN_DRAWS,
     )
     def start(self, **drawn: Any) -> None:  # type: ignore[override]
         """FenceMachine's start with what this machine fixes: dense retention, no
