@@ -545,14 +545,16 @@ class WindowLiveness(StoreLiveness):
                 held.setdefault(k * self.every // self.chunk_tokens - 1, engine.step_no)
 
     def _record_nulls(self, engine: Any) -> None:
-        from vllm.v1.request import RequestStatus
-
-        manager = engine.scheduler.kv_cache_manager
-        for req_id, request in engine.requests.items():
-            if request.status == RequestStatus.RUNNING:
-                table = manager.get_block_ids(req_id)[self.group]
-                nulls = self.with_null.setdefault(req_id, set())
-                nulls.update(p // self.blocks_per_chunk for p, b in enumerate(table) if b == 0)
+        """The chunks in which a request's own table held a null block once this step
+        was scheduled (a finish in the same step empties it after): the positions
+        below its last block that the table leaves out."""
+        places: dict[str, set[int]] = {}
+        for req_id, group, position in engine.history[-1].tables:
+            if group == self.group:
+                places.setdefault(req_id, set()).add(position)
+        for req_id, held in places.items():
+            nulls = self.with_null.setdefault(req_id, set())
+            nulls.update(p // self.blocks_per_chunk for p in range(max(held)) if p not in held)
 
     def _record_zeroing(self, engine: Any) -> None:
         """Note each position the connector zeroed in this step: whether the request

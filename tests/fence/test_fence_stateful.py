@@ -1149,6 +1149,44 @@ def test_random_workloads_find_a_planted_bug(monkeypatch: pytest.MonkeyPatch) ->
     assert "I7 registered iff finished" in str(caught.value) or "overwritten" in str(caught.value)
 
 
+def test_a_chunk_a_coarse_mask_skips_for_its_null_block_is_not_reported() -> None:
+    """A hunt's program on 0.33.0 (2026-12-06, seed 1158054695), with dense retention
+    as the hunt sets it: full-attention blocks of 4 tokens beside sliding-window blocks
+    of 8, chunks of three blocks, so the hit alignment (12 tokens) is no multiple of
+    the window's block and vLLM's mask calls every window block reachable. In the step
+    r1 hits r0's first 8 tokens, r0's window has left its first window block: the
+    position is null, and r0's final store skips its window chunk 0, as vLLM means it
+    to. WindowLiveness (L2) must leave that chunk alone (``coarse``); before it did, it
+    reported it (a hunt on 0.34.0 met the same with chunks of two blocks)."""
+    state = FenceMachine()
+    state.start(
+        async_scheduling=False,
+        block_sizes=(4, 8),
+        blocks_per_chunk=3,
+        cpu_chunks=1,
+        delays=[None],
+        eagle=False,
+        enabled=[False, False, False, True],
+        kv_role="kv_both",
+        layout="mixed",
+        ranks="one",
+        remote_source=False,
+        retention=None,
+        second_worker_lag=0,
+        seed=0,
+        spare_blocks=0,
+        window_blocks=2,
+    )
+    assert isinstance(state.liveness, WindowLiveness)
+    state.add_request(max_tokens=10, prefix=PREFIXES[3], remote_blocks=0, tail=3)
+    state.step(steps=5)
+    for _ in range(6):
+        state.release_held()
+    state.step(steps=4)
+    state.add_request(max_tokens=1, prefix=PREFIXES[3], remote_blocks=0, tail=0)
+    state.teardown()
+
+
 @pytest.mark.parametrize(
     ("old", "new", "invariants", "machine"),
     [
