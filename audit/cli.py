@@ -594,9 +594,15 @@ def report_mutation(stage: pipeline.MutationStage) -> None:
     print(f"\nfence-audit: results in {reports / 'audit.json'}")
 
 
+# The modules whose code the interpreter runs as a weak reference's callback (a WeakSet
+# dropping a collected member, weakref.finalize): a finalizer, as __del__ is.
+_WEAKREF_FILES = frozenset({"weakref.py", "_weakrefset.py"})
+
+
 def _in_finalizer(frame: FrameType | None) -> bool:
     while frame is not None:
-        if frame.f_code.co_name == "__del__":
+        code = frame.f_code
+        if code.co_name == "__del__" or Path(code.co_filename).name in _WEAKREF_FILES:
             return True
         frame = frame.f_back
     return False
@@ -604,7 +610,8 @@ def _in_finalizer(frame: FrameType | None) -> bool:
 
 def _stop(signum: int, frame: FrameType | None) -> None:
     """Ctrl-C, and SIGTERM (a cancelled CI job), stop the run. One that lands while an
-    object is being finalized (a collected ``Popen``, say) would be swallowed there,
+    object is being finalized (a collected ``Popen``, say, or a weak reference's
+    callback, such as a WeakSet dropping a collected member) would be swallowed there,
     Python printing "Exception ignored in ..." with a traceback, and the run would go
     on: it is delivered again a moment later, outside the finalizer."""
     if _in_finalizer(frame):
