@@ -586,6 +586,19 @@ class WindowLiveness(StoreLiveness):
                         zeroed[position] = (False, True)
         self.finished = {r for r, q in engine.requests.items() if q.is_finished()}
 
+    def _dropped_by(self, shapes: Iterable[tuple[bool, bool] | None]) -> str | None:
+        """The tolerated bug that dropped a chunk, from how its positions were zeroed
+        (still held, finished), in position order; None if none did."""
+        for shape in shapes:
+            if shape is None:
+                continue
+            held, finished = shape
+            if held and HIT_TAKEN_FOR_REUSED in self.tolerate:
+                return HIT_TAKEN_FOR_REUSED
+            if finished and FINISHED_CHUNK_ZEROED in self.tolerate:
+                return FINISHED_CHUNK_ZEROED
+        return None
+
     def reported(self, engine: Any, req_id: str, missing: list[int]) -> list[int]:
         """All but the chunks vLLM skips by design (``coarse``) and those a tolerated
         bug dropped, each of those recorded in the engine's ``known_bug_hits``."""
@@ -593,19 +606,8 @@ class WindowLiveness(StoreLiveness):
         left = []
         for chunk in sorted(set(missing) - self.with_null.get(req_id, set())):
             first = chunk * self.blocks_per_chunk
-            shapes = [zeroed.get(p) for p in range(first, first + self.blocks_per_chunk)]
-            label = next(
-                (
-                    label
-                    for shape in shapes
-                    if shape is not None
-                    for label, on in (
-                        (HIT_TAKEN_FOR_REUSED, shape[0]),
-                        (FINISHED_CHUNK_ZEROED, shape[1]),
-                    )
-                    if on and label in self.tolerate
-                ),
-                None,
+            label = self._dropped_by(
+                zeroed.get(p) for p in range(first, first + self.blocks_per_chunk)
             )
             if label is None:
                 left.append(chunk)
