@@ -35,6 +35,7 @@ from fence_contents import (
     FINAL_SLIDING_WINDOW_TAIL,
     FINAL_TOKEN_UNCOMPUTED,
     PREEMPTED_THEN_FINISHED,
+    SHORTER_HIT,
     UNALIGNED_HIT,
     UNSTORED_SLOT,
     Contents,
@@ -52,6 +53,7 @@ __all__ = [
     "FINAL_TOKEN_UNCOMPUTED",
     "PREEMPTED_THEN_FINISHED",
     "RELEASE_TOLERANCE",
+    "SHORTER_HIT",
     "STRANDED_FINISHED_LOAD",
     "UNALIGNED_HIT",
     "UNSTORED_SLOT",
@@ -157,6 +159,7 @@ class FenceEngine:
         self.async_scheduling = async_scheduling
         self.layout = layout
         self.eagle = eagle
+        self.retention_interval = retention_interval
         self.workers = workers
         self.second_worker_lag = second_worker_lag
         self.remote_source = remote_source

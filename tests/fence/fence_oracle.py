@@ -18,6 +18,7 @@ A failure names the invariant, the step, the block and the job.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -540,9 +541,14 @@ class WindowLiveness(StoreLiveness):
         for req_id, scheduled in output.num_scheduled_tokens.items():
             start = starts[req_id]
             held = self.computed_at.setdefault(req_id, {})
-            # the boundaries whose last token this step computes: (start, start + scheduled]
-            for k in range(start // self.every + 1, (start + scheduled) // self.every + 1):
-                held.setdefault(k * self.every // self.chunk_tokens - 1, engine.step_no)
+            for chunk in self._held_chunks(engine, req_id, start, start + scheduled):
+                held.setdefault(chunk, engine.step_no)
+
+    def _held_chunks(self, engine: Any, req_id: str, start: int, end: int) -> Iterable[int]:
+        """The chunks ending at a boundary whose last token this step computes for
+        ``req_id``, whose tokens (start, end] it scheduled."""
+        for k in range(start // self.every + 1, end // self.every + 1):
+            yield k * self.every // self.chunk_tokens - 1
 
     def _record_nulls(self, engine: Any) -> None:
         """The chunks in which a request's own table held a null block once this step
@@ -614,3 +620,55 @@ class WindowLiveness(StoreLiveness):
             else:
                 engine.known_bug_hits.append((label, -1))
         return left
+
+
+class ReplayLiveness(WindowLiveness):
+    """L3, liveness for a sliding-window group under vLLM's default checkpoint
+    retention (0): the chunk ending at a request's replay boundary is offered to the
+    tier. That boundary is where the same prompt sent again can hit at most, its
+    prompt less the last token, down to the hit alignment; vLLM's reachability mask
+    keeps the blocks a hit there reads even where it keeps no other. It is the one
+    boundary this retention promises for every request, so a user who repeats a
+    prompt under vLLM's defaults loads its window from the tier.
+
+    Held only where that boundary also ends one of the group's chunks (a hit ends on a
+    chunk of every group), and where the request computed the boundary's last token
+    itself, with no null block in the chunk once that step was scheduled: the mask
+    keeps the chunk's last block, and a chunk holding a null block it keeps is
+    skipped by design. Reset, preemption and ``tolerate`` as in
+    :class:`WindowLiveness`.
+    """
+
+    INVARIANT = "L3 the chunk at a prompt's replay boundary is offered to the tier"
+    WHAT = "the sliding-window chunks {}, ending at its replay boundary,"
+
+    def __init__(
+        self,
+        group: int,
+        chunk_tokens: int,
+        alignment: int,
+        blocks_per_chunk: int,
+        tolerate: Iterable[str] = (),
+    ) -> None:
+        super().__init__(
+            group,
+            chunk_tokens,
+            math.lcm(alignment, chunk_tokens),
+            blocks_per_chunk,
+            coarse=False,
+            tolerate=tolerate,
+        )
+        self.alignment = alignment
+
+    def _held_chunks(self, engine: Any, req_id: str, start: int, end: int) -> Iterable[int]:
+        prompt = engine.requests[req_id].num_prompt_tokens
+        boundary = (prompt - 1) // self.alignment * self.alignment
+        if not start < boundary <= end or boundary % self.chunk_tokens:
+            return
+        chunk = boundary // self.chunk_tokens - 1
+        tables = engine.history[-1].tables
+        first = chunk * self.blocks_per_chunk
+        if all(
+            (req_id, self.group, p) in tables for p in range(first, first + self.blocks_per_chunk)
+        ):
+            yield chunk

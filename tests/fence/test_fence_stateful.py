@@ -25,13 +25,14 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from fence_config import Role
+from fence_config import Layout, Role
 from fence_contents import NULL_PLACEHOLDERS
-from fence_findings import VLLM_VERSION, has_bug, known_bug
+from fence_findings import VLLM_VERSION, at_least, has_bug, known_bug
 from fence_harness import (
     FINAL_SLIDING_WINDOW_TAIL,
     PREEMPTED_THEN_FINISHED,
     RELEASE_TOLERANCE,
+    SHORTER_HIT,
     STRANDED_FINISHED_LOAD,
     UNALIGNED_HIT,
     UNSTORED_SLOT,
@@ -43,6 +44,7 @@ from fence_oracle import (
     HIT_TAKEN_FOR_REUSED,
     FenceOracle,
     FenceViolation,
+    ReplayLiveness,
     StoreLiveness,
     WindowLiveness,
 )
@@ -150,14 +152,10 @@ REMOTE_SOURCE = not has_bug("multiconnector-allocation-unseen")
 PREEMPT_ALL = not has_bug("reset-preempt-reload")
 # A release with sparse-retention-shorter-hit-reads-unstored-block stores, under vLLM's
 # default checkpoint retention (0), a sliding-window chunk without a null block that a
-# shorter request's hit reads.
+# shorter request's hit reads: a hunt's FenceMachine programs met it within two minutes.
+# The loads of the slots such a store left out are tolerated there.
 SPARSE_SHORTER_HIT = has_bug("sparse-retention-shorter-hit-reads-unstored-block")
-# Whether a layout with a sliding-window group keeps dense retention. `nox -s hunt`
-# sets it to SPARSE_SHORTER_HIT: its FenceMachine programs met that bug within two
-# minutes, so that the hunt keeps looking for other failures. The ci programs leave it off: any
-# change to what a program does changes the programs a seed deals after it, and under
-# fence_profiles.SEED they do not meet that bug.
-DENSE_SLIDING_WINDOW = False
+SHORTER_TOLERANCE = (SHORTER_HIT,) if SPARSE_SHORTER_HIT else ()
 
 
 # What FenceMachine's start draws besides the layout and the features it may fix: the
@@ -238,25 +236,31 @@ class FenceMachine(RuleBasedStateMachine):
             block_sizes = (BLOCK, BLOCK)  # one group, one size
         # the second connector loads, which a producer-only role does not
         remote_source = remote_source and REMOTE_SOURCE and kv_role == "kv_both"
-        if layout != "full" and DENSE_SLIDING_WINDOW:
-            retention = None
         # the layouts where every computed chunk must be offered (StoreLiveness)
         if layout == "full" and not eagle and not remote_source:
             self.liveness = StoreLiveness(BLOCK * blocks_per_chunk)
-        # and those where every hit boundary's window chunk must be (WindowLiveness)
-        elif not eagle and not remote_source and retention is None:
+        # those where every hit boundary's window chunk must be (WindowLiveness), and
+        # under the default retention, where the replay boundary's must (ReplayLiveness)
+        elif not eagle and not remote_source:
             window_block = block_sizes[1]
+            window_group = 0 if layout == "sliding" else 1
             chunk = window_block * blocks_per_chunk
             alignment = block_sizes[0] * blocks_per_chunk  # the first group's chunk
-            self.liveness = WindowLiveness(
-                0 if layout == "sliding" else 1,
-                chunk,
-                math.lcm(alignment, chunk),
-                blocks_per_chunk,
-                # a hit reads the window_blocks blocks before it
-                coarse=alignment % window_block != 0 or window_blocks >= alignment // window_block,
-                tolerate=WINDOW_TOLERANCE,
-            )
+            if retention is None:
+                self.liveness = WindowLiveness(
+                    window_group,
+                    chunk,
+                    math.lcm(alignment, chunk),
+                    blocks_per_chunk,
+                    # a hit reads the window_blocks blocks before it
+                    coarse=alignment % window_block != 0
+                    or window_blocks >= alignment // window_block,
+                    tolerate=WINDOW_TOLERANCE,
+                )
+            else:
+                self.liveness = ReplayLiveness(
+                    window_group, chunk, alignment, blocks_per_chunk, tolerate=WINDOW_TOLERANCE
+                )
         self.engine = FenceEngine(
             block_size=block_sizes[0],
             sliding_block_size=block_sizes[1],
@@ -289,6 +293,7 @@ class FenceMachine(RuleBasedStateMachine):
                 *STRANDED_TOLERANCE,
                 *UNSTORED_TOLERANCE,
                 *UNALIGNED_TOLERANCE,
+                *SHORTER_TOLERANCE,
             ),
             post_step_fns=[self.oracle, *([self.liveness] if self.liveness else [])],
         )
@@ -444,9 +449,11 @@ def test_random_workloads_keep_every_fence_invariant() -> None:
 # (no check for that null block before 0.33.0) any of them could stop on that known bug,
 # and where the second connector is off (REMOTE_SOURCE), they have nothing to run: the
 # machine runs on neither. On a release with sparse-retention-shorter-hit (vLLM's
-# default retention stores such a chunk) its programs keep dense retention.
+# default retention stores such a chunk) its ci programs keep dense retention, as they
+# did before that bug was tolerated (SHORTER_TOLERANCE), so that a seed deals the same
+# ones; the hunt draws both retentions (fence_hunt). Read when its first program starts.
 REMOTE_WINDOW = REMOTE_SOURCE and not has_bug("reachable-null-block-chunk-stored")
-REMOTE_WINDOW_RETENTION = [None] if SPARSE_SHORTER_HIT else [0, None]
+REMOTE_WINDOW_RETENTION: list[int | None] = [None] if SPARSE_SHORTER_HIT else [0, None]
 # The (full-attention, sliding-window) block sizes RemoteWindowMachine draws for a mixed
 # layout, read when its first program starts. The ci programs keep one size, so that
 # the programs each seed deals stay those measured (DESIGN.md, "A null block inside a
@@ -488,7 +495,7 @@ class RemoteWindowMachine(FenceMachine):
         second_worker_lag=st.integers(0, 3),
         blocks_per_chunk=st.sampled_from([2, 3]),
         window_blocks=st.integers(2, 3),
-        retention=st.sampled_from(REMOTE_WINDOW_RETENTION),
+        retention=st.deferred(lambda: st.sampled_from(REMOTE_WINDOW_RETENTION)),
         delays=st.lists(st.one_of(st.none(), st.integers(0, 4)), min_size=1, max_size=8),
         seed=st.integers(0, 2**16),
         enabled=st.lists(st.booleans(), min_size=len(ACTIONS), max_size=len(ACTIONS)),
@@ -1187,6 +1194,71 @@ def test_a_chunk_a_coarse_mask_skips_for_its_null_block_is_not_reported() -> Non
     state.teardown()
 
 
+# L3 (ReplayLiveness) on one request under vLLM's default retention: a's 17-token prompt,
+# chunks of two 4-token blocks, a window of two blocks. Its replay boundary is token 16,
+# so the same prompt sent again can hit 16 tokens, ending on a's window chunk 1.
+REPLAY_PROMPT = list(range(1, 18))
+
+
+def _a_alone(layout: Layout, liveness: ReplayLiveness) -> FenceEngine:
+    """a runs to its end, ``liveness`` attached before the first step."""
+    e = FenceEngine(
+        layout=layout,
+        window_blocks=2,
+        blocks_per_chunk=2,
+        num_gpu_blocks=40,
+        post_step_fns=[FenceOracle(), liveness],
+    )
+    liveness.attach(e)
+    e.add_request(REPLAY_PROMPT, 2, req_id="a")
+    e.drain()
+    return e
+
+
+@pytest.mark.parametrize("layout", ["sliding", "mixed"])
+def test_a_prompt_sent_again_under_default_retention_hits_its_replay_boundary(
+    layout: Layout,
+) -> None:
+    """What L3 holds vLLM to, kept on every release: a's window chunk ending at its
+    replay boundary reaches the tier, and c, with a's prompt once the GPU prefix cache
+    is emptied, loads its first 16 tokens from there."""
+    liveness = ReplayLiveness(0 if layout == "sliding" else 1, 8, 8, 2)
+    e = _a_alone(layout, liveness)
+    assert set(liveness.computed_at["a"]) == {1}  # the replay chunk alone is held
+    assert liveness.check(e) == []
+    assert e.reset_gpu_cache()
+    e.add_request(REPLAY_PROMPT, 1, req_id="c")
+    e.drain()
+    hits = [
+        new.num_computed_tokens
+        for record in e.history
+        for new in record.output.scheduled_new_reqs
+        if new.req_id == "c"
+    ]
+    assert hits == [16]
+
+
+@pytest.mark.parametrize("layout", ["sliding", "mixed"])
+def test_the_replay_check_names_a_replay_chunk_never_offered(
+    monkeypatch: pytest.MonkeyPatch, layout: Layout
+) -> None:
+    """A connector that offers the tier nothing: L3 names a's replay chunk, and c's
+    lookup finds nothing there."""
+    _plant(
+        monkeypatch,
+        OffloadingConnectorScheduler,
+        "_build_store_jobs",
+        "new_offload_keys.append(offload_key)",
+        "pass",
+    )
+    liveness = ReplayLiveness(0 if layout == "sliding" else 1, 8, 8, 2)
+    e = _a_alone(layout, liveness)
+    found = liveness.check(e)
+    assert [v.invariant for v in found] == [ReplayLiveness.INVARIANT]
+    assert "request a finished" in found[0].message
+    assert "chunks [1], ending at its replay boundary" in found[0].message
+
+
 @pytest.mark.parametrize(
     ("old", "new", "invariants", "machine"),
     [
@@ -1195,7 +1267,7 @@ def test_a_chunk_a_coarse_mask_skips_for_its_null_block_is_not_reported() -> Non
         pytest.param(
             "new_offload_keys.append(offload_key)",
             "pass",
-            (StoreLiveness.INVARIANT, WindowLiveness.INVARIANT),
+            (StoreLiveness.INVARIANT, WindowLiveness.INVARIANT, ReplayLiveness.INVARIANT),
             "FenceMachine",
             id="stores-nothing",
         ),
@@ -1221,6 +1293,20 @@ def test_a_chunk_a_coarse_mask_skips_for_its_null_block_is_not_reported() -> Non
             "WindowMachine",
             id="window-chunks-after-a-null-one",
         ),
+        # under vLLM's default retention, the mask keeps no replay boundary: no
+        # sliding-window chunk is reachable, and none is stored (vLLM 0.30.0 on; before,
+        # the connector stored by an older rule with no boundaries); only L3 sees it
+        pytest.param(
+            "reachable_boundaries = (req.num_prompt_tokens - 1,)",
+            "reachable_boundaries = ()",
+            (ReplayLiveness.INVARIANT,),
+            "FenceMachine",
+            id="no-replay-boundary",
+            marks=pytest.mark.skipif(
+                not at_least("0.30.0"),
+                reason=f"vLLM {VLLM_VERSION}: the connector keeps no replay boundary",
+            ),
+        ),
     ],
 )
 def test_random_workloads_see_a_connector_that_skips_stores(
@@ -1231,8 +1317,8 @@ def test_random_workloads_see_a_connector_that_skips_stores(
     machine: str,
 ) -> None:
     """Liveness: the random workloads see a connector that leaves chunks unoffered to
-    the tier, through StoreLiveness (L1) or WindowLiveness (L2). Same examples as the
-    CI profile, without shrinking."""
+    the tier, through StoreLiveness (L1), WindowLiveness (L2) or ReplayLiveness (L3).
+    Same examples as the CI profile, without shrinking."""
     _plant(monkeypatch, OffloadingConnectorScheduler, "_build_store_jobs", old, new)
     with pytest.raises(FenceViolation) as caught:
         run_machine(globals()[machine], _ci_unshrunk())

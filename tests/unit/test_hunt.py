@@ -137,7 +137,7 @@ def test_hunt_md_names_the_hash_seed_and_replays_under_it() -> None:
 
 
 def test_hunt_md_gives_the_settings_a_replay_needs() -> None:
-    setting = "test_fence_stateful.DENSE_SLIDING_WINDOW = True"
+    setting = "test_fence_stateful.REMOTE_WINDOW_RETENTION = [0, None]"
     text = render(_result(_finding(), settings=(setting,)))
     assert "a replay outside the hunt needs them first" in text
     assert f"```python\n{setting}\n```" in text
