@@ -633,10 +633,14 @@ class ReplayLiveness(WindowLiveness):
 
     Held only where that boundary also ends one of the group's chunks (a hit ends on a
     chunk of every group), and where the request computed the boundary's last token
-    itself, with no null block in the chunk once that step was scheduled: the mask
-    keeps the chunk's last block, and a chunk holding a null block it keeps is
-    skipped by design. Reset, preemption and ``tolerate`` as in
-    :class:`WindowLiveness`.
+    itself. The mask keeps the blocks a hit at the boundary reads, all of them in the
+    request's window as that step computes them, so the chunk is offered even where an
+    earlier block of it is null. ``coarse``: where the mask cannot tell which blocks a
+    hit reads (the hit alignment is no multiple of the group's block), it calls every
+    block reachable and skips a chunk holding a null block, by design; there a chunk in
+    which the request's table held a null block once that step was scheduled (a
+    prefill in pieces, whose window moved on between them) is not held. Reset,
+    preemption and ``tolerate`` as in :class:`WindowLiveness`.
     """
 
     INVARIANT = "L3 the chunk at a prompt's replay boundary is offered to the tier"
@@ -648,8 +652,11 @@ class ReplayLiveness(WindowLiveness):
         chunk_tokens: int,
         alignment: int,
         blocks_per_chunk: int,
+        coarse: bool,
         tolerate: Iterable[str] = (),
     ) -> None:
+        # L2's ``coarse`` leaves out every chunk a request's table ever held a null
+        # block in; here only the replay chunk as its last token is computed counts
         super().__init__(
             group,
             chunk_tokens,
@@ -659,6 +666,7 @@ class ReplayLiveness(WindowLiveness):
             tolerate=tolerate,
         )
         self.alignment = alignment
+        self.skips_null_chunks = coarse
 
     def _held_chunks(self, engine: Any, req_id: str, start: int, end: int) -> Iterable[int]:
         prompt = engine.requests[req_id].num_prompt_tokens
@@ -666,9 +674,10 @@ class ReplayLiveness(WindowLiveness):
         if not start < boundary <= end or boundary % self.chunk_tokens:
             return
         chunk = boundary // self.chunk_tokens - 1
-        tables = engine.history[-1].tables
-        first = chunk * self.blocks_per_chunk
-        if all(
-            (req_id, self.group, p) in tables for p in range(first, first + self.blocks_per_chunk)
-        ):
-            yield chunk
+        if self.skips_null_chunks:
+            tables = engine.history[-1].tables
+            first = chunk * self.blocks_per_chunk
+            places = range(first, first + self.blocks_per_chunk)
+            if any((req_id, self.group, p) not in tables for p in places):
+                return
+        yield chunk

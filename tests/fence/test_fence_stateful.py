@@ -259,7 +259,12 @@ class FenceMachine(RuleBasedStateMachine):
                 )
             else:
                 self.liveness = ReplayLiveness(
-                    window_group, chunk, alignment, blocks_per_chunk, tolerate=WINDOW_TOLERANCE
+                    window_group,
+                    chunk,
+                    alignment,
+                    blocks_per_chunk,
+                    coarse=alignment % window_block != 0,
+                    tolerate=WINDOW_TOLERANCE,
                 )
         self.engine = FenceEngine(
             block_size=block_sizes[0],
@@ -1222,7 +1227,7 @@ def test_a_prompt_sent_again_under_default_retention_hits_its_replay_boundary(
     """What L3 holds vLLM to, kept on every release: a's window chunk ending at its
     replay boundary reaches the tier, and c, with a's prompt once the GPU prefix cache
     is emptied, loads its first 16 tokens from there."""
-    liveness = ReplayLiveness(0 if layout == "sliding" else 1, 8, 8, 2)
+    liveness = ReplayLiveness(0 if layout == "sliding" else 1, 8, 8, 2, coarse=False)
     e = _a_alone(layout, liveness)
     assert set(liveness.computed_at["a"]) == {1}  # the replay chunk alone is held
     assert liveness.check(e) == []
@@ -1251,12 +1256,50 @@ def test_the_replay_check_names_a_replay_chunk_never_offered(
         "new_offload_keys.append(offload_key)",
         "pass",
     )
-    liveness = ReplayLiveness(0 if layout == "sliding" else 1, 8, 8, 2)
+    liveness = ReplayLiveness(0 if layout == "sliding" else 1, 8, 8, 2, coarse=False)
     e = _a_alone(layout, liveness)
     found = liveness.check(e)
     assert [v.invariant for v in found] == [ReplayLiveness.INVARIANT]
     assert "request a finished" in found[0].message
     assert "chunks [1], ending at its replay boundary" in found[0].message
+
+
+@pytest.mark.parametrize("coarse", [True, False], ids=["coarse", "as-if-exact"])
+def test_a_replay_chunk_a_coarse_mask_skips_for_its_null_block_is_not_reported(
+    coarse: bool,
+) -> None:
+    """Full-attention blocks of 4 tokens beside window blocks of 8 (a window of one),
+    chunks of three blocks: the hit alignment (12 tokens) is no multiple of the
+    window's block, so vLLM's mask calls every window block reachable. a's 30-token
+    prompt runs in two pieces (20 tokens, then 10); when the second, which computes the
+    replay boundary (token 24), is scheduled, the window has left block 0, and the
+    store skips window chunk 0 for its null block, by design. L3 leaves it alone
+    (``coarse``); held to it as if the mask were exact, it would report the chunk
+    where the release skips it."""
+    liveness = ReplayLiveness(1, 24, 12, 3, coarse=coarse)
+    e = FenceEngine(
+        layout="mixed",
+        block_size=4,
+        sliding_block_size=8,
+        window_blocks=1,
+        blocks_per_chunk=3,
+        num_gpu_blocks=60,
+        max_num_batched_tokens=20,
+        post_step_fns=[FenceOracle(), liveness],
+    )
+    liveness.attach(e)
+    e.add_request(list(range(1, 31)), 2, req_id="a")
+    e.drain()
+    assert [record.output.num_scheduled_tokens.get("a") for record in e.history[:2]] == [20, 10]
+    # skipped by design; a release with reachable-null-block-chunk-stored stores it
+    # without its null block
+    skipped = liveness.keys["a"][0] not in liveness.offered_by["a"]
+    assert skipped is not has_bug("reachable-null-block-chunk-stored")
+    found = liveness.check(e)
+    if coarse or not skipped:
+        assert found == []
+    else:
+        assert [v.invariant for v in found] == [ReplayLiveness.INVARIANT]
 
 
 @pytest.mark.parametrize(
