@@ -624,15 +624,19 @@ class WindowLiveness(StoreLiveness):
 
 class ReplayLiveness(WindowLiveness):
     """L3, liveness for a sliding-window group under vLLM's default checkpoint
-    retention (0): the chunk ending at a request's replay boundary is offered to the
-    tier. That boundary is where the same prompt sent again can hit at most, its
-    prompt less the last token, down to the hit alignment; vLLM's reachability mask
-    keeps the blocks a hit there reads even where it keeps no other. It is the one
-    boundary this retention promises for every request, so a user who repeats a
-    prompt under vLLM's defaults loads its window from the tier.
+    retention (0): the chunks ending at a request's reachable boundaries are offered
+    to the tier. Under that retention vLLM's reachability mask keeps no segment tails,
+    only the blocks a hit at each such boundary reads, down to the hit alignment:
 
-    Held only where that boundary also ends one of the group's chunks (a hit ends on a
-    chunk of every group), and where the request computed the boundary's last token
+    * the replay boundary, the prompt less its last token: where the same prompt sent
+      again can hit at most, so that a user who repeats a prompt under vLLM's defaults
+      loads its window from the tier;
+    * the shared-prefix junction (``Request.shared_prefix_boundary``): where the
+      request's GPU prefix-cache hit of full attention ran past the window group's,
+      which had not kept that prefix; pinned so that the next request sharing it hits.
+
+    Held only where such a boundary also ends one of the group's chunks (a hit ends on
+    a chunk of every group), and where the request computed the boundary's last token
     itself. The mask keeps the blocks a hit at the boundary reads, all of them in the
     request's window as that step computes them, so the chunk is offered even where an
     earlier block of it is null. ``coarse``: where the mask cannot tell which blocks a
@@ -643,8 +647,8 @@ class ReplayLiveness(WindowLiveness):
     preemption and ``tolerate`` as in :class:`WindowLiveness`.
     """
 
-    INVARIANT = "L3 the chunk at a prompt's replay boundary is offered to the tier"
-    WHAT = "the sliding-window chunks {}, ending at its replay boundary,"
+    INVARIANT = "L3 the chunks at a request's reachable boundaries are offered to the tier"
+    WHAT = "the sliding-window chunks {}, each ending at its replay boundary or a junction,"
 
     def __init__(
         self,
@@ -656,7 +660,7 @@ class ReplayLiveness(WindowLiveness):
         tolerate: Iterable[str] = (),
     ) -> None:
         # L2's ``coarse`` leaves out every chunk a request's table ever held a null
-        # block in; here only the replay chunk as its last token is computed counts
+        # block in; here only a held chunk as its last token is computed counts
         super().__init__(
             group,
             chunk_tokens,
@@ -669,15 +673,19 @@ class ReplayLiveness(WindowLiveness):
         self.skips_null_chunks = coarse
 
     def _held_chunks(self, engine: Any, req_id: str, start: int, end: int) -> Iterable[int]:
-        prompt = engine.requests[req_id].num_prompt_tokens
-        boundary = (prompt - 1) // self.alignment * self.alignment
-        if not start < boundary <= end or boundary % self.chunk_tokens:
-            return
-        chunk = boundary // self.chunk_tokens - 1
-        if self.skips_null_chunks:
-            tables = engine.history[-1].tables
+        request = engine.requests[req_id]
+        # the junction as the step's schedule left it (0: none; vLLM 0.30.0 on)
+        junction = getattr(request, "shared_prefix_boundary", 0)
+        reachable = {request.num_prompt_tokens - 1, *([junction] if junction else [])}
+        tables = engine.history[-1].tables
+        for boundary in sorted({b // self.alignment * self.alignment for b in reachable}):
+            if not start < boundary <= end or boundary % self.chunk_tokens:
+                continue
+            chunk = boundary // self.chunk_tokens - 1
             first = chunk * self.blocks_per_chunk
             places = range(first, first + self.blocks_per_chunk)
-            if any((req_id, self.group, p) not in tables for p in places):
-                return
-        yield chunk
+            if self.skips_null_chunks and any(
+                (req_id, self.group, p) not in tables for p in places
+            ):
+                continue
+            yield chunk

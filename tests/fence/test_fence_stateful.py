@@ -1271,7 +1271,78 @@ def test_the_replay_check_names_a_replay_chunk_never_offered(
     found = liveness.check(e)
     assert [v.invariant for v in found] == [ReplayLiveness.INVARIANT]
     assert "request a finished" in found[0].message
-    assert "chunks [1], ending at its replay boundary" in found[0].message
+    assert "chunks [1], each ending at its replay boundary" in found[0].message
+
+
+# L3 at a shared-prefix junction: a's 33-token prompt (its replay boundary is token 32),
+# then b with a's first 24 tokens and 16 of its own, in the mixed layout (both groups'
+# blocks of 4 tokens, chunks of two, a window of two). Under the default retention the
+# window group kept only a's replay tail, so b's GPU prefix hit of full attention runs
+# past the window group's: the junction is token 24, and b's window chunk 2 ends there.
+JUNCTION_A = list(range(1, 34))
+JUNCTION_B = [*range(1, 25), *range(500, 516)]
+
+
+def _b_past_a_s_junction(liveness: ReplayLiveness) -> FenceEngine:
+    """a, then b, each run to its end, then the GPU prefix cache alone is emptied."""
+    e = FenceEngine(
+        layout="mixed",
+        window_blocks=2,
+        blocks_per_chunk=2,
+        num_gpu_blocks=80,
+        post_step_fns=[FenceOracle(), liveness],
+    )
+    liveness.attach(e)
+    for req_id, prompt in (("a", JUNCTION_A), ("b", JUNCTION_B)):
+        e.add_request(prompt, 2, req_id=req_id)
+        e.drain()
+    assert e.reset_gpu_cache()
+    return e
+
+
+def test_a_shared_prefix_junction_under_default_retention_reaches_the_tier() -> None:
+    """What L3 holds vLLM to at a junction, kept on every release: c, sharing b's first
+    24 tokens once the GPU prefix cache is emptied, loads them all from the tier. From
+    vLLM 0.30.0 on b computes its window from token 0 and the connector pins the
+    junction (before, the GPU hit covers the window too, and every chunk is stored)."""
+    liveness = ReplayLiveness(1, 8, 8, 2, coarse=False)
+    e = _b_past_a_s_junction(liveness)
+    if at_least("0.30.0"):
+        assert e.requests["b"].shared_prefix_boundary == 24
+        assert set(liveness.computed_at["b"]) == {2, 3}  # the junction's, the replay's
+    assert liveness.check(e) == []
+    e.add_request([*range(1, 25), 900, 901], 1, req_id="c")
+    e.drain()
+    hits = [
+        new.num_computed_tokens
+        for record in e.history
+        for new in record.output.scheduled_new_reqs
+        if new.req_id == "c"
+    ]
+    assert hits == [24]
+
+
+@pytest.mark.skipif(
+    not at_least("0.30.0"), reason=f"vLLM {VLLM_VERSION}: the connector pins no junction"
+)
+def test_the_replay_check_names_a_junction_chunk_never_offered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A mask that keeps the replay boundary but not the junction: L3 names b's window
+    chunk 2, which no check saw before (c then hits nothing)."""
+    _plant(
+        monkeypatch,
+        OffloadingConnectorScheduler,
+        "_build_store_jobs",
+        "reachable_boundaries += (req.shared_prefix_boundary,)",
+        "pass",
+    )
+    liveness = ReplayLiveness(1, 8, 8, 2, coarse=False)
+    e = _b_past_a_s_junction(liveness)
+    found = liveness.check(e)
+    assert [v.invariant for v in found] == [ReplayLiveness.INVARIANT]
+    assert "request b finished" in found[0].message
+    assert "chunks [2], each ending at" in found[0].message
 
 
 @pytest.mark.parametrize("coarse", [True, False], ids=["coarse", "as-if-exact"])
