@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import fence_remote
 from fence_config import Layout, Role, engine_config, vllm_config
 from fence_contents import (
+    EAGLE_POPPED,
     FINAL_SLIDING_WINDOW_TAIL,
     FINAL_TOKEN_UNCOMPUTED,
     PREEMPTED_THEN_FINISHED,
@@ -49,6 +50,7 @@ from fence_workers import WorkerSide
 from vllm.v1.request import RequestStatus
 
 __all__ = [
+    "EAGLE_POPPED",
     "FINAL_SLIDING_WINDOW_TAIL",
     "FINAL_TOKEN_UNCOMPUTED",
     "PREEMPTED_THEN_FINISHED",

@@ -29,6 +29,7 @@ from fence_config import Layout, Role
 from fence_contents import NULL_PLACEHOLDERS
 from fence_findings import VLLM_VERSION, at_least, has_bug, known_bug
 from fence_harness import (
+    EAGLE_POPPED,
     FINAL_SLIDING_WINDOW_TAIL,
     PREEMPTED_THEN_FINISHED,
     RELEASE_TOLERANCE,
@@ -156,6 +157,10 @@ PREEMPT_ALL = not has_bug("reset-preempt-reload")
 # The loads of the slots such a store left out are tolerated there.
 SPARSE_SHORTER_HIT = has_bug("sparse-retention-shorter-hit-reads-unstored-block")
 SHORTER_TOLERANCE = (SHORTER_HIT,) if SPARSE_SHORTER_HIT else ()
+# A release with eagle-popped-chunk-reads-unstored-block: the same loads with an EAGLE
+# drafter, which hunts met on 0.33.0 and 0.34.0 once they drew the default retention
+# there (2026-12-06); tolerated likewise.
+EAGLE_TOLERANCE = (EAGLE_POPPED,) if has_bug("eagle-popped-chunk-reads-unstored-block") else ()
 
 
 # What FenceMachine's start draws besides the layout and the features it may fix: the
@@ -299,6 +304,7 @@ class FenceMachine(RuleBasedStateMachine):
                 *UNSTORED_TOLERANCE,
                 *UNALIGNED_TOLERANCE,
                 *SHORTER_TOLERANCE,
+                *EAGLE_TOLERANCE,
             ),
             post_step_fns=[self.oracle, *([self.liveness] if self.liveness else [])],
         )
@@ -1037,6 +1043,49 @@ def test_a_tolerance_covers_only_its_bug_s_loads(
     assert hits  # each a load job that brought in a slot its store left out
     assert all(job in engine.ledger.load_jobs for job in hits)
     assert engine.fence == {}
+
+
+def test_a_hunt_s_eagle_program_under_default_retention_keeps_every_check() -> None:
+    """A hunt's program on 0.34.0 (2026-12-06, seed 1233607946), the first hunt to
+    draw the default retention on sliding-window layouts there: a mixed layout of
+    4-token full-attention blocks and 2-token blocks of the drafter's sliding window,
+    a request preempted and readmitted with a CPU-tier hit. Its load brings a window
+    slot the store left out (0.33.0: never written; 0.34.0: a null placeholder's
+    zeros), the shape of eagle-popped-chunk-reads-unstored-block, and passes with the
+    same program without EAGLE, or with dense retention. On 0.28.0, 0.29.0, 0.33.0
+    and 0.34.0 it meets that shape and the machine tolerates it (EAGLE_TOLERANCE); on
+    0.30.0-0.32.0 the load is clean."""
+    state = FenceMachine()
+    state.start(
+        async_scheduling=True,
+        block_sizes=(4, 2),
+        blocks_per_chunk=2,
+        cpu_chunks=3,
+        delays=[None, None, None, None, None, None, 0],
+        eagle=True,
+        enabled=[False, False, True, False],
+        kv_role="kv_both",
+        layout="mixed",
+        ranks="one",
+        remote_source=False,
+        retention=0,
+        second_worker_lag=0,
+        seed=0,
+        spare_blocks=0,
+        window_blocks=3,
+    )
+    engine = state.engine
+    assert engine is not None
+    state.add_request(max_tokens=1, prefix=(), remote_blocks=0, tail=0)
+    state.add_request(max_tokens=4, prefix=PREFIXES[3], remote_blocks=0, tail=0)
+    state.follow_up(tail=0, wait=1)
+    state.follow_up(tail=0, wait=1)
+    state.follow_up(tail=0, wait=1)
+    state.follow_up(tail=1, wait=2)
+    state.preempt_all()
+    state.step(steps=1)
+    state.teardown()
+    assert engine.contents.violations == []
 
 
 def _cycle_machine(enabled: list[bool]) -> FenceMachine:
