@@ -634,6 +634,8 @@ class ReplayLiveness(WindowLiveness):
     * the shared-prefix junction (``Request.shared_prefix_boundary``): where the
       request's GPU prefix-cache hit of full attention ran past the window group's,
       which had not kept that prefix; pinned so that the next request sharing it hits.
+      Only a junction in the prompt: a request preempted and resumed can have one among
+      its output tokens, which vLLM 0.30.0 did not always store (not triaged).
 
     Held only where such a boundary also ends one of the group's chunks (a hit ends on
     a chunk of every group), and where the request computed the boundary's last token
@@ -674,9 +676,11 @@ class ReplayLiveness(WindowLiveness):
 
     def _held_chunks(self, engine: Any, req_id: str, start: int, end: int) -> Iterable[int]:
         request = engine.requests[req_id]
-        # the junction as the step's schedule left it (0: none; vLLM 0.30.0 on)
+        # the junction as the step's schedule left it (0: none; vLLM 0.30.0 on), if in
+        # the prompt: a resumed request's junction among its output tokens is not held
+        replay = request.num_prompt_tokens - 1
         junction = getattr(request, "shared_prefix_boundary", 0)
-        reachable = {request.num_prompt_tokens - 1, *([junction] if junction else [])}
+        reachable = {replay, *([junction] if 0 < junction <= replay else [])}
         tables = engine.history[-1].tables
         for boundary in sorted({b // self.alignment * self.alignment for b in reachable}):
             if not start < boundary <= end or boundary % self.chunk_tokens:
