@@ -1264,6 +1264,16 @@ def test_a_chunk_a_coarse_mask_skips_for_its_null_block_is_not_reported() -> Non
 REPLAY_PROMPT = list(range(1, 18))
 
 
+def _hits(e: FenceEngine, req_id: str) -> list[int]:
+    """The tokens ``req_id`` had computed (its hits) each time it was scheduled anew."""
+    return [
+        new.num_computed_tokens
+        for record in e.history
+        for new in record.output.scheduled_new_reqs
+        if new.req_id == req_id
+    ]
+
+
 def _a_alone(layout: Layout, liveness: ReplayLiveness) -> FenceEngine:
     """a runs to its end, ``liveness`` attached before the first step."""
     e = FenceEngine(
@@ -1293,13 +1303,7 @@ def test_a_prompt_sent_again_under_default_retention_hits_its_replay_boundary(
     assert e.reset_gpu_cache()
     e.add_request(REPLAY_PROMPT, 1, req_id="c")
     e.drain()
-    hits = [
-        new.num_computed_tokens
-        for record in e.history
-        for new in record.output.scheduled_new_reqs
-        if new.req_id == "c"
-    ]
-    assert hits == [16]
+    assert _hits(e, "c") == [16]
 
 
 @pytest.mark.parametrize("layout", ["sliding", "mixed"])
@@ -1362,13 +1366,7 @@ def test_a_shared_prefix_junction_under_default_retention_reaches_the_tier() -> 
     assert liveness.check(e) == []
     e.add_request([*range(1, 25), 900, 901], 1, req_id="c")
     e.drain()
-    hits = [
-        new.num_computed_tokens
-        for record in e.history
-        for new in record.output.scheduled_new_reqs
-        if new.req_id == "c"
-    ]
-    assert hits == [24]
+    assert _hits(e, "c") == [24]
 
 
 @pytest.mark.skipif(
