@@ -478,6 +478,9 @@ class StoreLiveness:
 # connector zeroed in a request's pending positions although it was never stale.
 HIT_TAKEN_FOR_REUSED = "window chunk dropped: a block still held zeroed as if reused"
 FINISHED_CHUNK_ZEROED = "window chunk dropped: a finished request's freed block zeroed"
+# resumed-junction-chunk-never-offered: a resumed request keeps its store frontier, and
+# a junction its new lookup found below it is never offered
+RESUMED_JUNCTION = "junction chunk never offered: below a resumed request's store frontier"
 
 
 class WindowLiveness(StoreLiveness):
@@ -634,8 +637,9 @@ class ReplayLiveness(WindowLiveness):
     * the shared-prefix junction (``Request.shared_prefix_boundary``): where the
       request's GPU prefix-cache hit of full attention ran past the window group's,
       which had not kept that prefix; pinned so that the next request sharing it hits.
-      Only a junction in the prompt: a request preempted and resumed can have one among
-      its output tokens, which vLLM 0.30.0 did not always store (not triaged).
+      A request preempted and resumed looks its prefix up again and can find a junction
+      its first run did not have, past its replay boundary too (among its output
+      tokens): the chunk ending there is held like any other.
 
     Held only where such a boundary also ends one of the group's chunks (a hit ends on
     a chunk of every group), and where the request computed the boundary's last token
@@ -646,7 +650,10 @@ class ReplayLiveness(WindowLiveness):
     block reachable and skips a chunk holding a null block, by design; there a chunk in
     which the request's table held a null block once that step was scheduled (a
     prefill in pieces, whose window moved on between them) is not held. Reset,
-    preemption and ``tolerate`` as in :class:`WindowLiveness`.
+    preemption and ``tolerate`` as in :class:`WindowLiveness`; with
+    :data:`RESUMED_JUNCTION` tolerated, a junction chunk below the store frontier a
+    request's connector state kept through its last preemption is recorded, not
+    reported (``resumed-junction-chunk-never-offered``).
     """
 
     INVARIANT = "L3 the chunks at a request's reachable boundaries are offered to the tier"
@@ -673,16 +680,27 @@ class ReplayLiveness(WindowLiveness):
         )
         self.alignment = alignment
         self.skips_null_chunks = coarse
+        # per request, the chunks held for its junction alone, and the chunk its
+        # connector state would offer next when it was last preempted
+        self.junction_chunks: dict[str, set[int]] = {}
+        self.frontier: dict[str, int] = {}
+
+    def __call__(self, engine: Any) -> None:
+        super().__call__(engine)
+        for req_id in engine.history[-1].output.preempted_req_ids or ():
+            status = engine.connector._req_status.get(req_id)
+            if status is not None:
+                at = status.group_states[self.group].next_stored_chunk_idx
+                self.frontier[req_id] = max(self.frontier.get(req_id, 0), at)
 
     def _held_chunks(self, engine: Any, req_id: str, start: int, end: int) -> Iterable[int]:
         request = engine.requests[req_id]
-        # the junction as the step's schedule left it (0: none; vLLM 0.30.0 on), if in
-        # the prompt: a resumed request's junction among its output tokens is not held
-        replay = request.num_prompt_tokens - 1
+        # the junction as the step's schedule left it (0: none; vLLM 0.30.0 on)
+        replay = (request.num_prompt_tokens - 1) // self.alignment * self.alignment
         junction = getattr(request, "shared_prefix_boundary", 0)
-        reachable = {replay, *([junction] if 0 < junction <= replay else [])}
+        junction = junction // self.alignment * self.alignment
         tables = engine.history[-1].tables
-        for boundary in sorted({b // self.alignment * self.alignment for b in reachable}):
+        for boundary in sorted({replay, junction}):
             if not start < boundary <= end or boundary % self.chunk_tokens:
                 continue
             chunk = boundary // self.chunk_tokens - 1
@@ -692,4 +710,19 @@ class ReplayLiveness(WindowLiveness):
                 (req_id, self.group, p) not in tables for p in places
             ):
                 continue
+            if boundary != replay:
+                self.junction_chunks.setdefault(req_id, set()).add(chunk)
             yield chunk
+
+    def reported(self, engine: Any, req_id: str, missing: list[int]) -> list[int]:
+        """As :meth:`WindowLiveness.reported`, less the tolerated junction chunks left
+        behind the frontier of a resumed request, each recorded."""
+        left = super().reported(engine, req_id, missing)
+        if RESUMED_JUNCTION not in self.tolerate:
+            return left
+        behind = self.frontier.get(req_id, 0)
+        junctions = self.junction_chunks.get(req_id, set())
+        for chunk in [c for c in left if c < behind and c in junctions]:
+            left.remove(chunk)
+            engine.known_bug_hits.append((RESUMED_JUNCTION, -1))
+        return left

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from fence_config import Role
-from fence_findings import has_bug, known_bug
+from fence_findings import at_least, has_bug, known_bug
 from fence_harness import (
     EAGLE_POPPED,
     FINAL_SLIDING_WINDOW_TAIL,
@@ -30,11 +30,13 @@ from fence_harness import (
 from fence_oracle import (
     FINISHED_CHUNK_ZEROED,
     HIT_TAKEN_FOR_REUSED,
+    RESUMED_JUNCTION,
     FenceOracle,
     FenceViolation,
+    ReplayLiveness,
     WindowLiveness,
 )
-from test_fence_stateful import FenceMachine, _plant
+from test_fence_stateful import FenceMachine, _hits, _plant
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import (
     OffloadingConnectorScheduler,
 )
@@ -867,3 +869,108 @@ def test_the_window_liveness_check_names_each_dropped_chunk(program: str, tolera
         assert [v.invariant for v in found] == [WindowLiveness.INVARIANT]
         assert "request a finished" in found[0].message
         assert "[0]" in found[0].message
+
+
+RESUMED_JUNCTION_REPORT = "docs/vllm-bug-resumed-junction-chunk-never-offered.md"
+
+
+def _r_resumed_at_a_new_junction(liveness: ReplayLiveness | None = None) -> FenceEngine:
+    """The mixed layout, both groups' blocks of 4 tokens, chunks of one block, a window
+    of one, async scheduling, vLLM's default retention, a pool of 17 blocks (the null
+    one among them: the longest request fits alone). a (tokens 1-8 and one more), b (12
+    others) and r (tokens 1-4) arrive together, and all run to their end. r finds
+    nothing cached and computes its window chunk 0, which its replay boundary (token 3)
+    does not reach; the pool runs out and r is preempted. Looked up again, its full
+    attention hits a's first block and its window group does not: r's junction is
+    token 4, where that chunk ends."""
+    checks = [FenceOracle(), *([liveness] if liveness else [])]
+    e = FenceEngine(
+        layout="mixed",
+        block_size=4,
+        sliding_block_size=4,
+        window_blocks=1,
+        blocks_per_chunk=1,
+        async_scheduling=True,
+        num_gpu_blocks=17,
+        post_step_fns=checks,
+    )
+    if liveness is not None:
+        liveness.attach(e)
+    e.add_request([*range(1, 9), 1000], 2, req_id="a")
+    e.add_request(list(range(100, 112)), 2, req_id="b")
+    e.add_request([1, 2, 3, 4], 2, req_id="r")
+    e.drain()
+    assert e.requests["r"].num_preemptions == 1
+    assert e.requests["r"].shared_prefix_boundary == 4
+    return e
+
+
+@known_bug(
+    "resumed-junction-chunk-never-offered",
+    raises=AssertionError,
+    reason=(
+        "r's new junction ends its window chunk 0, below the store frontier r kept "
+        f"through its preemption: the chunk is never offered (see {RESUMED_JUNCTION_REPORT})"
+    ),
+)
+def test_a_resumed_request_s_new_junction_reaches_the_tier() -> None:
+    """What the GPU prefix cache pins at r's junction reaches the tier too: c, sending
+    tokens 1-4 and two more once the GPU prefix cache alone is emptied, loads all four
+    from there (vLLM 0.28.0 and 0.29.0 store the chunk in r's first run, by an older
+    rule)."""
+    e = _r_resumed_at_a_new_junction()
+    assert e.reset_gpu_cache()
+    e.add_request([1, 2, 3, 4, 77, 78], 1, req_id="c")
+    e.drain()
+    assert _hits(e, "c") == [4]
+
+
+@pytest.mark.parametrize("tolerated", [False, True], ids=["nothing", "its-bug"])
+def test_the_replay_check_names_a_resumed_junction_left_behind(tolerated: bool) -> None:
+    """L3 on the same program holds r's window chunk 0 for its junction alone. Where
+    the release never offers it, L3 names it, unless it tolerates that very bug, which
+    is then recorded as met; where the release offers it, L3 finds nothing."""
+    liveness = ReplayLiveness(
+        1, 4, 4, 1, coarse=False, tolerate=[RESUMED_JUNCTION] if tolerated else []
+    )
+    e = _r_resumed_at_a_new_junction(liveness)
+    # before vLLM 0.30.0 r's first run stores the chunk by an older rule, and r's
+    # second run loads it from the tier: there it holds nothing
+    assert liveness.junction_chunks == ({"r": {0}} if at_least("0.30.0") else {})
+    found = liveness.check(e)
+    met = [hit for hit, _ in e.known_bug_hits if hit == RESUMED_JUNCTION]
+    if not has_bug("resumed-junction-chunk-never-offered"):
+        assert (found, met) == ([], [])
+    elif tolerated:
+        assert (found, met) == ([], [RESUMED_JUNCTION])
+    else:
+        assert met == []
+        assert [v.invariant for v in found] == [ReplayLiveness.INVARIANT]
+        assert "request r finished" in found[0].message
+        assert "chunks [0], each ending at" in found[0].message
+
+
+@pytest.mark.skipif(
+    not at_least("0.33.0"), reason="the fix this test takes out comes with vLLM 0.33.0"
+)
+def test_without_the_restart_s_reset_the_replay_check_names_the_junction_chunk(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vLLM 0.33.0's fix taken out (a lookup anew no longer sends the store frontier
+    back to chunk 0): L3 names r's junction chunk, and c hits nothing."""
+    _plant(
+        monkeypatch,
+        OffloadingConnectorScheduler,
+        "get_num_new_matched_tokens",
+        "group_state.next_stored_chunk_idx = 0",
+        "pass",
+    )
+    liveness = ReplayLiveness(1, 4, 4, 1, coarse=False)
+    e = _r_resumed_at_a_new_junction(liveness)
+    found = liveness.check(e)
+    assert [v.invariant for v in found] == [ReplayLiveness.INVARIANT]
+    assert "chunks [0], each ending at" in found[0].message
+    assert e.reset_gpu_cache()
+    e.add_request([1, 2, 3, 4, 77, 78], 1, req_id="c")
+    e.drain()
+    assert _hits(e, "c") == [0]
