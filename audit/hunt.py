@@ -298,7 +298,7 @@ def render(result: HuntResult) -> str:
         held = (
             "Every program kept every fence invariant (I1-I10), no block was overwritten "
             "while a store read it, the fence drained after every program, and every "
-            "chunk a liveness check (L1-L3) held a program to was offered to the tier."
+            "chunk a liveness check (L1-L4) held a program to was offered to the tier."
         )
         lines += [
             f"No violation: the machines raised nothing in {result.programs} programs"

@@ -57,21 +57,22 @@ UNSTORED_SLOT = "load of a CPU slot its chunk's store left unwritten"
 # end off a chunk boundary, with no EAGLE drafter; any other wrong load fails as usual.
 UNALIGNED_HIT = "load of a slot left out, by a hit cut off the full-attention chunk boundary"
 
-# A vLLM bug (0.33.0-0.34.0) the harness can tolerate likewise: under the default
-# checkpoint retention (0), the store's reachability keeps only the blocks a hit at the
-# request's own replay boundary reads, and stores a sliding-window chunk without a null
-# block it calls unreachable; a later request whose hit ends on an earlier chunk reads
-# it (docs/vllm-bug-sparse-retention-shorter-hit-reads-unstored-block.md). Only such
+# A vLLM bug (0.33.0-0.34.0) the harness can tolerate likewise: under a sparse
+# checkpoint retention (vLLM's default, 0, or a periodic one), the store's reachability
+# keeps only the blocks a hit at the request's own replay boundary (and at each
+# segment's end) reads, and stores a sliding-window chunk without a null block it calls
+# unreachable; a later request whose hit ends on an earlier chunk reads it
+# (docs/vllm-bug-sparse-retention-shorter-hit-reads-unstored-block.md). Only such
 # loads are tolerated: a sliding-window slot its chunk's store left out, never written
-# (0.33.0) or a null placeholder's zeros (0.34.0), under that retention, with no EAGLE
+# (0.33.0) or a null placeholder's zeros (0.34.0), under such a retention, with no EAGLE
 # drafter; any other wrong load fails as usual.
-SHORTER_HIT = "load of a window slot left out, by a hit short of the default retention's boundary"
+SHORTER_HIT = "load of a window slot left out, by a hit short of a sparse retention's boundary"
 
 # A vLLM bug (0.28.0-0.34.0) of the same shape with an EAGLE drafter: its group gives back
 # the last chunk of a CPU-tier hit, so the hit ends a chunk short of any boundary the
 # store's reachability kept, and its window reads a block the store left out
 # (docs/vllm-bug-eagle-popped-chunk-reads-unstored-block.md). Tolerated likewise: such a
-# slot, under the default retention, where the sliding-window group is the drafter's.
+# slot, under a sparse retention, where the sliding-window group is the drafter's.
 EAGLE_POPPED = "load of a window slot left out, by an EAGLE hit that gave back a chunk"
 
 
@@ -241,9 +242,10 @@ class Contents:
 
     def _sparse_window_groups(self) -> frozenset[int]:
         """The groups where SHORTER_HIT's and EAGLE_POPPED's loads happen: the
-        sliding-window group under the default retention (0); none otherwise."""
+        sliding-window group under a sparse retention (the default, 0, or a periodic
+        one); none under dense retention."""
         engine = self.engine
-        if engine.retention_interval != 0 or engine.layout == "full":
+        if engine.retention_interval is None or engine.layout == "full":
             return frozenset()
         return frozenset({0 if engine.layout == "sliding" else 1})
 
@@ -251,7 +253,7 @@ class Contents:
         job = self.engine.load_jobs[transfer.job_id]
         places = list(self.engine.ledger.places(transfer))
         unaligned = UNALIGNED_HIT in self.engine.tolerate and self._cut_off_alignment(places)
-        # the known bug whose loads bring a window slot the default retention's store
+        # the known bug whose loads bring a window slot a sparse retention's store
         # left out, for this engine, and its groups where tolerated
         left_out = EAGLE_POPPED if self.engine.eagle else SHORTER_HIT
         sparse = self._sparse_window_groups() if left_out in self.engine.tolerate else ()

@@ -106,10 +106,11 @@ def hunt(
     from test_fence_recurrent import RecurrentMachine
     from test_fence_stateful import REMOTE_WINDOW, FenceMachine, RemoteWindowMachine, WindowMachine
 
-    # vLLM's default retention beside dense in WindowMachine, which its ci programs
-    # keep to dense (test_fence_stateful.WINDOW_RETENTION)
-    test_fence_stateful.WINDOW_RETENTION = [None, 0]
-    settings_made: tuple[str, ...] = ("test_fence_stateful.WINDOW_RETENTION = [None, 0]",)
+    # vLLM's default retention and periodic ones beside dense in WindowMachine, whose ci
+    # programs keep to dense (test_fence_stateful.WINDOW_RETENTION)
+    retentions = [None, 0, *test_fence_stateful.PERIODIC_RETENTION]
+    test_fence_stateful.WINDOW_RETENTION = retentions
+    settings_made: tuple[str, ...] = (f"test_fence_stateful.WINDOW_RETENTION = {retentions}",)
 
     classes: dict[str, type[RuleBasedStateMachine]] = {
         "FenceMachine": FenceMachine,

@@ -704,15 +704,20 @@ class ReplayLiveness(WindowLiveness):
             if not start < boundary <= end or boundary % self.chunk_tokens:
                 continue
             chunk = boundary // self.chunk_tokens - 1
-            first = chunk * self.blocks_per_chunk
-            places = range(first, first + self.blocks_per_chunk)
-            if self.skips_null_chunks and any(
-                (req_id, self.group, p) not in tables for p in places
-            ):
+            if self._skipped_for_null(tables, req_id, chunk):
                 continue
             if boundary != replay:
                 self.junction_chunks.setdefault(req_id, set()).add(chunk)
             yield chunk
+
+    def _skipped_for_null(self, tables: Any, req_id: str, chunk: int) -> bool:
+        """Under a coarse mask, whether ``req_id``'s table held a null block in
+        ``chunk`` once this step was scheduled (vLLM then skips the chunk by design)."""
+        first = chunk * self.blocks_per_chunk
+        return self.skips_null_chunks and any(
+            (req_id, self.group, p) not in tables
+            for p in range(first, first + self.blocks_per_chunk)
+        )
 
     def reported(self, engine: Any, req_id: str, missing: list[int]) -> list[int]:
         """As :meth:`WindowLiveness.reported`, less the tolerated junction chunks left
@@ -726,3 +731,112 @@ class ReplayLiveness(WindowLiveness):
             left.remove(chunk)
             engine.known_bug_hits.append((RESUMED_JUNCTION, -1))
         return left
+
+
+class SegmentLiveness(ReplayLiveness):
+    """L4, liveness for a sliding-window group under a periodic checkpoint retention
+    (``prefix_cache_retention_interval`` k > 0, a multiple of the group's chunk): besides
+    L3's reachable boundaries, vLLM's mask keeps the blocks a hit reads at the end of
+    every k-token segment, so a hit can end there once the GPU prefix cache has let the
+    prefix go. At each such boundary that is also one where a CPU-tier hit can end (a
+    multiple of the hit alignment), the group's chunk ending there is offered to the
+    tier, by the request that computed its last token or by an earlier store.
+
+    By design vLLM stores no chunk holding a null block its mask calls reachable: the
+    ``window_blocks`` blocks before a segment's end, or before a replay boundary or
+    junction (down to the hit alignment). A chunk holding such a null block when the
+    store passed over it (its request's table, once the step that moved the store's
+    frontier past the chunk was scheduled; for a finished request's last store, its
+    table when it last ran) is not held to the check. Measured: a replay boundary
+    floored into a segment chunk's first block (an 8-token alignment, 16-token chunks,
+    a one-block window), which the window had left, made vLLM 0.34.0 skip that chunk.
+
+    ``coarse``: where vLLM's mask cannot tell which blocks a hit reads (the alignment is
+    no multiple of the group's block, or a hit's window spans a whole segment), it calls
+    every block reachable, as under dense retention. There, as for
+    :class:`WindowLiveness`, a chunk in which the request's own table held a null block
+    while it ran is not held to the check (L3's narrower rule left such a chunk reported,
+    in a prefill of 24-token chunks of 8-token blocks).
+    """
+
+    INVARIANT = (
+        "L4 the chunks at segment boundaries under periodic retention are offered to the tier"
+    )
+    WHAT = (
+        "the sliding-window chunks {}, each ending at a segment boundary, its replay "
+        "boundary or a junction,"
+    )
+
+    def __init__(
+        self,
+        group: int,
+        chunk_tokens: int,
+        alignment: int,
+        blocks_per_chunk: int,
+        interval: int,
+        window_blocks: int,
+        coarse: bool,
+        tolerate: Iterable[str] = (),
+    ) -> None:
+        super().__init__(
+            group, chunk_tokens, alignment, blocks_per_chunk, coarse=False, tolerate=tolerate
+        )
+        self.interval = interval
+        self.segment = math.lcm(interval, alignment, chunk_tokens)
+        self.window_blocks = window_blocks
+        self.coarse = coarse  # WindowLiveness's rule: every null block a table held
+        # per request: the store frontier last seen, the null positions of its table as
+        # the store passed each chunk, those when it last ran, and the junctions it had
+        self.passed_at: dict[str, int] = {}
+        self.nulls_passed: dict[str, dict[int, set[int]]] = {}
+        self.nulls_last: dict[str, set[int]] = {}
+        self.junctions: dict[str, set[int]] = {}
+
+    def __call__(self, engine: Any) -> None:
+        super().__call__(engine)
+        places: dict[str, set[int]] = {}
+        for req_id, group, position in engine.history[-1].tables:
+            if group == self.group:
+                places.setdefault(req_id, set()).add(position)
+        nulls = {r: {p for p in range(max(held)) if p not in held} for r, held in places.items()}
+        self.nulls_last.update(nulls)
+        for req_id, status in engine.connector._req_status.items():
+            now = status.group_states[self.group].next_stored_chunk_idx
+            passed = self.nulls_passed.setdefault(req_id, {})
+            for chunk in range(self.passed_at.get(req_id, 0), now):
+                passed[chunk] = nulls.get(req_id, set())
+            self.passed_at[req_id] = now
+        for req_id, request in engine.requests.items():
+            if junction := getattr(request, "shared_prefix_boundary", 0):
+                self.junctions.setdefault(req_id, set()).add(junction)
+
+    def _held_chunks(self, engine: Any, req_id: str, start: int, end: int) -> Iterable[int]:
+        held = set(super()._held_chunks(engine, req_id, start, end))
+        for k in range(start // self.segment + 1, end // self.segment + 1):
+            held.add(k * self.segment // self.chunk_tokens - 1)
+        return sorted(held)
+
+    def _reachable_positions(self, request: Any) -> set[int]:
+        """The positions vLLM's mask calls reachable for ``request``: the window's
+        blocks before each segment's end, its replay boundary and its junctions."""
+        block = self.chunk_tokens // self.blocks_per_chunk
+        aligned = {
+            b // self.alignment * self.alignment
+            for b in (request.num_prompt_tokens - 1, *self.junctions.get(request.request_id, ()))
+        }
+        ends = {*range(self.interval, request.num_tokens + 1, self.interval), *aligned}
+        return {p for end in ends for p in range(end // block - self.window_blocks, end // block)}
+
+    def reported(self, engine: Any, req_id: str, missing: list[int]) -> list[int]:
+        """As :meth:`ReplayLiveness.reported`, less the chunks holding a reachable null
+        block as the store passed them, which vLLM skips by design."""
+        reachable = self._reachable_positions(engine.requests[req_id])
+        passed = self.nulls_passed.get(req_id, {})
+        last = self.nulls_last.get(req_id, set())
+        bpc = self.blocks_per_chunk
+        kept = [
+            chunk
+            for chunk in missing
+            if not reachable & passed.get(chunk, last) & set(range(chunk * bpc, (chunk + 1) * bpc))
+        ]
+        return super().reported(engine, req_id, kept)

@@ -20,8 +20,10 @@ from __future__ import annotations
 import inspect
 import math
 import random
+import sys
 import textwrap
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -47,6 +49,7 @@ from fence_oracle import (
     FenceOracle,
     FenceViolation,
     ReplayLiveness,
+    SegmentLiveness,
     StoreLiveness,
     WindowLiveness,
 )
@@ -202,6 +205,18 @@ RUN_DRAWS: dict[str, Any] = {
 }
 
 
+@dataclass(frozen=True)
+class Segments:
+    """A periodic checkpoint retention (``prefix_cache_retention_interval`` > 0) of
+    ``count`` times the engine's coarsest chunk: a multiple of every group's chunk, as
+    vLLM requires of it, and so of the hit alignment."""
+
+    count: int
+
+    def tokens(self, block_sizes: tuple[int, int], blocks_per_chunk: int) -> int:
+        return self.count * math.lcm(*(size * blocks_per_chunk for size in block_sizes))
+
+
 class FenceMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -232,7 +247,7 @@ class FenceMachine(RuleBasedStateMachine):
         blocks_per_chunk: int,
         window_blocks: int,
         remote_source: bool,
-        retention: int | None,
+        retention: int | Segments | None,
         eagle: bool,
         delays: list[int | None],
         seed: int,
@@ -247,13 +262,16 @@ class FenceMachine(RuleBasedStateMachine):
 
         if layout != "mixed":
             block_sizes = (BLOCK, BLOCK)  # one group, one size
+        if isinstance(retention, Segments):
+            retention = retention.tokens(block_sizes, blocks_per_chunk)
         # the second connector loads, which a producer-only role does not
         remote_source = remote_source and REMOTE_SOURCE and kv_role == "kv_both"
         # the layouts where every computed chunk must be offered (StoreLiveness)
         if layout == "full" and not eagle and not remote_source:
             self.liveness = StoreLiveness(BLOCK * blocks_per_chunk)
         # those where every hit boundary's window chunk must be (WindowLiveness), and
-        # under the default retention, where the replay boundary's must (ReplayLiveness)
+        # under the default retention, where the replay boundary's must (ReplayLiveness),
+        # and under a periodic one, where each segment's end's must too (SegmentLiveness)
         elif not eagle and not remote_source:
             window_block = block_sizes[1]
             window_group = 0 if layout == "sliding" else 1
@@ -270,13 +288,26 @@ class FenceMachine(RuleBasedStateMachine):
                     or window_blocks >= alignment // window_block,
                     tolerate=WINDOW_TOLERANCE,
                 )
-            else:
+            elif retention == 0:
                 self.liveness = ReplayLiveness(
                     window_group,
                     chunk,
                     alignment,
                     blocks_per_chunk,
                     coarse=alignment % window_block != 0,
+                    tolerate=REPLAY_TOLERANCE,
+                )
+            else:
+                self.liveness = SegmentLiveness(
+                    window_group,
+                    chunk,
+                    alignment,
+                    blocks_per_chunk,
+                    retention,
+                    window_blocks,
+                    # a hit reads the window_blocks blocks before it
+                    coarse=alignment % window_block != 0
+                    or window_blocks >= retention // window_block,
                     tolerate=REPLAY_TOLERANCE,
                 )
         self.engine = FenceEngine(
@@ -566,7 +597,9 @@ class RemoteWindowMachine(FenceMachine):
 # in the ci programs; `nox -s hunt` adds vLLM's default, which ReplayLiveness (L3)
 # checks (fence_hunt). Not a draw of its own: any new strategy in the rule, even one of
 # a single value, changed the ci programs a seed deals after the first 16 (0.33.0).
-WINDOW_RETENTION: list[int | None] = [None]
+WINDOW_RETENTION: list[int | Segments | None] = [None]
+# the periodic retentions a hunt adds to them, which SegmentLiveness (L4) checks
+PERIODIC_RETENTION: list[int | Segments | None] = [Segments(1), Segments(2)]
 
 
 class WindowMachine(FenceMachine):
@@ -593,6 +626,16 @@ class WindowMachine(FenceMachine):
 
 
 def test_random_workloads_in_the_window_layouts() -> None:
+    run_machine(WindowMachine)
+
+
+def test_random_workloads_in_the_window_layouts_under_periodic_retention(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """WindowMachine's programs, each under a periodic retention of one or two of its
+    coarsest chunks, where SegmentLiveness (L4) holds them (a hunt deals these among
+    the others)."""
+    monkeypatch.setattr(sys.modules[__name__], "WINDOW_RETENTION", PERIODIC_RETENTION)
     run_machine(WindowMachine)
 
 
@@ -1438,6 +1481,115 @@ def test_a_replay_chunk_a_coarse_mask_skips_for_its_null_block_is_not_reported(
         assert [v.invariant for v in found] == [ReplayLiveness.INVARIANT]
 
 
+# L4 (SegmentLiveness) under a periodic retention of 16 tokens: a's 45-token prompt in
+# the mixed layout (both groups' blocks of 4 tokens, chunks of two, a window of two). The
+# mask keeps the window's tail at the end of each 16-token segment (tokens 16 and 32,
+# chunks 1 and 3) and at the replay boundary (token 44, down to the alignment: 40,
+# chunk 4).
+SEGMENT_PROMPT = list(range(1, 46))
+
+
+# the store's mask given the default retention where the engine's is periodic
+TAKEN_FOR_DEFAULT = "retention_interval=self.config.retention_interval and 0,"
+
+
+def _a_under_segments(liveness: SegmentLiveness, retention: int = 16) -> FenceEngine:
+    """a runs to its end under ``retention``, ``liveness`` attached, then the GPU prefix
+    cache alone is emptied and c sends a's first 20 tokens and two more."""
+    e = FenceEngine(
+        layout="mixed",
+        window_blocks=2,
+        blocks_per_chunk=2,
+        num_gpu_blocks=60,
+        retention_interval=retention,
+        post_step_fns=[FenceOracle(), liveness],
+    )
+    liveness.attach(e)
+    e.add_request(SEGMENT_PROMPT, 2, req_id="a")
+    e.drain()
+    assert set(liveness.computed_at["a"]) == {1, 3, 4}
+    assert e.reset_gpu_cache()
+    e.add_request([*SEGMENT_PROMPT[:20], 900, 901], 1, req_id="c")
+    e.drain()
+    return e
+
+
+def test_a_prefix_under_periodic_retention_hits_its_segment_s_end() -> None:
+    """What L4 holds vLLM to, kept on every release: under a retention of 16 tokens,
+    a's window chunks at the segments' ends reach the tier, and c loads its first 16
+    tokens from there (under the default retention it would hit nothing: no boundary
+    of a's is at 16)."""
+    liveness = SegmentLiveness(1, 8, 8, 2, 16, 2, coarse=False)
+    e = _a_under_segments(liveness)
+    assert liveness.check(e) == []
+    assert _hits(e, "c") == [16]
+
+
+@pytest.mark.parametrize("tails", [1, 0], ids=["as-vllm", "as-if-no-tail"])
+def test_a_segment_chunk_vllm_skips_for_a_reachable_null_block_is_not_reported(
+    tails: int,
+) -> None:
+    """Full-attention blocks of 4 tokens beside window blocks of 8 (a window of one),
+    chunks of two blocks, a retention of 16 tokens. a's 13-token prompt: its replay
+    boundary (12, down to the 8-token alignment: 8) keeps the tail of window block 0,
+    inside chunk 0, whose end is the first segment's. By the time the store passes over
+    chunk 0 (its key waits for a's 16th token), the window has left block 0 and b,
+    waiting for blocks in a pool of 14, has it: vLLM 0.33.0 on skips the chunk for that
+    reachable null block, by design. L4 leaves it out; held to it as if the mask kept no
+    tail (``window_blocks`` 0), it reports the chunk where the release skips it."""
+    liveness = SegmentLiveness(1, 16, 8, 2, 16, tails, coarse=False)
+    e = FenceEngine(
+        layout="mixed",
+        block_size=4,
+        sliding_block_size=8,
+        window_blocks=1,
+        blocks_per_chunk=2,
+        retention_interval=16,
+        num_gpu_blocks=14,
+        post_step_fns=[FenceOracle(), liveness],
+    )
+    liveness.attach(e)
+    e.add_request(list(range(1, 14)), 6, req_id="a")
+    e.step()
+    e.add_request(list(range(100, 120)), 3, req_id="b")
+    e.drain()
+    assert liveness.computed_at["a"].keys() == {0}
+    assert liveness.nulls_passed["a"] == {0: {0}}
+    # skipped by design; a release with reachable-null-block-chunk-stored stores it
+    # without its null block (and before vLLM 0.30.0 the store reads no retention)
+    skipped = liveness.keys["a"][0] not in liveness.offered_by["a"]
+    assert skipped is (not has_bug("reachable-null-block-chunk-stored"))
+    found = liveness.check(e)
+    if tails or not skipped:
+        assert found == []
+    else:
+        assert [v.invariant for v in found] == [SegmentLiveness.INVARIANT]
+
+
+@pytest.mark.skipif(
+    not at_least("0.30.0"), reason=f"vLLM {VLLM_VERSION}: the connector reads no retention"
+)
+def test_the_segment_check_names_the_segment_chunks_a_store_leaves_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A store that takes a periodic retention for the default one keeps only the
+    replay boundary's chunk: L4 names a's chunks 1 and 3, and c hits nothing."""
+    _plant(
+        monkeypatch,
+        OffloadingConnectorScheduler,
+        "_reachable_store_block_mask",
+        "retention_interval=self.config.retention_interval,",
+        TAKEN_FOR_DEFAULT,
+    )
+    liveness = SegmentLiveness(1, 8, 8, 2, 16, 2, coarse=False)
+    e = _a_under_segments(liveness)
+    found = liveness.check(e)
+    assert [v.invariant for v in found] == [SegmentLiveness.INVARIANT]
+    assert "request a finished" in found[0].message
+    assert "chunks [1, 3], each ending at a segment boundary" in found[0].message
+    assert _hits(e, "c") == [0]
+
+
 @pytest.mark.parametrize(
     ("old", "new", "invariants", "machine"),
     [
@@ -1502,6 +1654,28 @@ def test_random_workloads_see_a_connector_that_skips_stores(
     with pytest.raises(FenceViolation) as caught:
         run_machine(globals()[machine], _ci_unshrunk())
     assert any(invariant in str(caught.value) for invariant in invariants)
+
+
+@pytest.mark.skipif(
+    not at_least("0.30.0"), reason=f"vLLM {VLLM_VERSION}: the connector reads no retention"
+)
+def test_random_workloads_under_periodic_retention_see_segment_chunks_left_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A store that takes a periodic retention for the default one: WindowMachine's
+    programs under periodic retention see it, through SegmentLiveness (L4). Same
+    examples as the CI profile, without shrinking."""
+    _plant(
+        monkeypatch,
+        OffloadingConnectorScheduler,
+        "_reachable_store_block_mask",
+        "retention_interval=self.config.retention_interval,",
+        TAKEN_FOR_DEFAULT,
+    )
+    monkeypatch.setattr(sys.modules[__name__], "WINDOW_RETENTION", PERIODIC_RETENTION)
+    with pytest.raises(FenceViolation) as caught:
+        run_machine(WindowMachine, _ci_unshrunk())
+    assert SegmentLiveness.INVARIANT in str(caught.value)
 
 
 @pytest.mark.skipif(not REMOTE_WINDOW, reason="RemoteWindowMachine does not run on this release")

@@ -522,6 +522,27 @@ def test_a_shorter_hit_under_default_retention_loads_only_stored_blocks() -> Non
 
 
 @known_bug(
+    "sparse-retention-shorter-hit-reads-unstored-block",
+    raises=ContentViolation,
+    reason=(
+        "under a periodic retention of 16 tokens the store's reachability keeps the tails "
+        "before token 16 and a's replay boundary, so chunk 0 is stored without its null "
+        "block 0; b's CPU-tier hit ends at token 8, whose window reads it "
+        f"(see {SHORTER_HIT_REPORT})"
+    ),
+)
+@known_bug(
+    "reachable-null-block-chunk-stored",
+    raises=ContentViolation,
+    reason=NULL_CHUNK_REASON,
+)
+def test_a_shorter_hit_under_periodic_retention_loads_only_stored_blocks() -> None:
+    """The same sequence under a periodic retention of 16 tokens (two chunks): b's
+    hit at token 8 is short of the first segment's end, as of a's replay boundary."""
+    _shorter_hit_after_an_external_load(retention=16)
+
+
+@known_bug(
     "reachable-null-block-chunk-stored",
     raises=ContentViolation,
     reason=NULL_CHUNK_REASON,
@@ -537,12 +558,14 @@ def test_a_shorter_hit_under_dense_retention_loads_only_stored_blocks() -> None:
     not has_bug("sparse-retention-shorter-hit-reads-unstored-block"),
     reason=f"tolerated only where the registry lists it (see {SHORTER_HIT_REPORT})",
 )
-@RETENTION
+@pytest.mark.parametrize(
+    "retention", [0, 16, None], ids=["retention-0", "retention-16", "retention-dense"]
+)
 def test_the_shorter_hit_s_tolerance_lets_through_its_load_alone(retention: int | None) -> None:
     """The random workloads tolerate this bug where the registry lists it (SHORTER_HIT):
-    under the default retention b's load of the slot a's store left out is recorded, not
-    reported, and the fence drains; under dense retention, with the same tolerance,
-    the sequence is clean and nothing is recorded."""
+    under a sparse retention (the default or a periodic one) b's load of the slot a's
+    store left out is recorded, not reported, and the fence drains; under dense
+    retention, with the same tolerance, the sequence is clean and nothing is recorded."""
     e = _shorter_hit_after_an_external_load(retention, tolerate=(SHORTER_HIT,))
     _assert_only_b_s_loads_tolerated(e, SHORTER_HIT, met=retention is not None)
 
