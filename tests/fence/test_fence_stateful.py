@@ -595,10 +595,11 @@ class RemoteWindowMachine(FenceMachine):
 
 # The retentions WindowMachine's programs take, in turn by their drawn seed: dense alone
 # in the ci programs; `nox -s hunt` adds vLLM's default, which ReplayLiveness (L3)
-# checks (fence_hunt). Not a draw of its own: any new strategy in the rule, even one of
+# checks, and PERIODIC_RETENTION (fence_hunt). Not a draw of its own: any new strategy in the rule, even one of
 # a single value, changed the ci programs a seed deals after the first 16 (0.33.0).
 WINDOW_RETENTION: list[int | Segments | None] = [None]
-# the periodic retentions a hunt adds to them, which SegmentLiveness (L4) checks
+# the periodic retentions a hunt adds to them (and a ci run of its own takes), which
+# SegmentLiveness (L4) checks
 PERIODIC_RETENTION: list[int | Segments | None] = [Segments(1), Segments(2)]
 
 
@@ -608,8 +609,9 @@ class WindowMachine(FenceMachine):
     block sizes), under dense retention, with no EAGLE drafter and no second connector.
     FenceMachine's ci run starts 9 of its 138 programs in such a layout (0.33.0), and
     mutmut's ``continue`` -> ``break`` on a null block in the store's chunk loop
-    survived them; this machine's ci programs find it. In a hunt half its programs take
-    vLLM's default retention, where ReplayLiveness (L3) holds them instead
+    survived them; this machine's ci programs find it. In a hunt a quarter of its
+    programs take vLLM's default retention, where ReplayLiveness (L3) holds them
+    instead, and half a periodic one, where SegmentLiveness (L4) does
     (``WINDOW_RETENTION``)."""
 
     @precondition(lambda self: self.engine is None)
@@ -620,7 +622,7 @@ class WindowMachine(FenceMachine):
     )
     def start(self, **drawn: Any) -> None:  # type: ignore[override]
         """FenceMachine's start with what this machine fixes: no EAGLE drafter, no
-        second connector, and dense retention but where a hunt adds the default."""
+        second connector, and dense retention but where a hunt adds the others."""
         retention = WINDOW_RETENTION[drawn["seed"] % len(WINDOW_RETENTION)]
         super().start(**drawn, remote_source=False, eagle=False, retention=retention)
 
