@@ -108,8 +108,8 @@ def hunt(
 
     # vLLM's default retention and periodic ones beside dense in WindowMachine, whose ci
     # programs keep to dense (test_fence_stateful.WINDOW_RETENTION)
-    retentions = [None, 0, *test_fence_stateful.PERIODIC_RETENTION]
-    test_fence_stateful.WINDOW_RETENTION = retentions
+    retentions = "[None, 0, *test_fence_stateful.PERIODIC_RETENTION]"
+    test_fence_stateful.WINDOW_RETENTION = [None, 0, *test_fence_stateful.PERIODIC_RETENTION]
     settings_made: tuple[str, ...] = (f"test_fence_stateful.WINDOW_RETENTION = {retentions}",)
 
     classes: dict[str, type[RuleBasedStateMachine]] = {

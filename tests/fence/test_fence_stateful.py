@@ -595,8 +595,9 @@ class RemoteWindowMachine(FenceMachine):
 
 # The retentions WindowMachine's programs take, in turn by their drawn seed: dense alone
 # in the ci programs; `nox -s hunt` adds vLLM's default, which ReplayLiveness (L3)
-# checks, and PERIODIC_RETENTION (fence_hunt). Not a draw of its own: any new strategy in the rule, even one of
-# a single value, changed the ci programs a seed deals after the first 16 (0.33.0).
+# checks, and PERIODIC_RETENTION (fence_hunt). Not a draw of its own: any new strategy
+# in the rule, even one of a single value, changed the ci programs a seed deals after
+# the first 16 (0.33.0).
 WINDOW_RETENTION: list[int | Segments | None] = [None]
 # the periodic retentions a hunt adds to them (and a ci run of its own takes), which
 # SegmentLiveness (L4) checks
