@@ -1473,15 +1473,23 @@ def test_a_replay_chunk_a_coarse_mask_skips_for_its_null_block_is_not_reported(
     e.add_request(list(range(1, 31)), 2, req_id="a")
     e.drain()
     assert [record.output.num_scheduled_tokens.get("a") for record in e.history[:2]] == [20, 10]
-    # skipped by design; a release with reachable-null-block-chunk-stored stores it
-    # without its null block
+    _a_s_chunk_0_reported_only_if_held(e, liveness, held=not coarse)
+
+
+def _a_s_chunk_0_reported_only_if_held(
+    e: FenceEngine, liveness: ReplayLiveness, *, held: bool
+) -> None:
+    """a's window chunk 0 is skipped by design (a release with
+    reachable-null-block-chunk-stored stores it without its null block); ``liveness``
+    reports it where the release skips it and the check is ``held`` to it, and
+    nothing else."""
     skipped = liveness.keys["a"][0] not in liveness.offered_by["a"]
     assert skipped is not has_bug("reachable-null-block-chunk-stored")
     found = liveness.check(e)
-    if coarse or not skipped:
-        assert found == []
+    if held and skipped:
+        assert [v.invariant for v in found] == [liveness.INVARIANT]
     else:
-        assert [v.invariant for v in found] == [ReplayLiveness.INVARIANT]
+        assert found == []
 
 
 # L4 (SegmentLiveness) under a periodic retention of 16 tokens: a's 45-token prompt in
@@ -1558,15 +1566,7 @@ def test_a_segment_chunk_vllm_skips_for_a_reachable_null_block_is_not_reported(
     e.drain()
     assert liveness.computed_at["a"].keys() == {0}
     assert liveness.nulls_passed["a"] == {0: {0}}
-    # skipped by design; a release with reachable-null-block-chunk-stored stores it
-    # without its null block (and before vLLM 0.30.0 the store reads no retention)
-    skipped = liveness.keys["a"][0] not in liveness.offered_by["a"]
-    assert skipped is (not has_bug("reachable-null-block-chunk-stored"))
-    found = liveness.check(e)
-    if tails or not skipped:
-        assert found == []
-    else:
-        assert [v.invariant for v in found] == [SegmentLiveness.INVARIANT]
+    _a_s_chunk_0_reported_only_if_held(e, liveness, held=not tails)
 
 
 @pytest.mark.skipif(
