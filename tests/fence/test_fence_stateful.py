@@ -1459,21 +1459,28 @@ def test_a_replay_chunk_a_coarse_mask_skips_for_its_null_block_is_not_reported(
     (``coarse``); held to it as if the mask were exact, it would report the chunk
     where the release skips it."""
     liveness = ReplayLiveness(1, 24, 12, 3, coarse=coarse)
+    e = _fine_full_coarse_window(
+        liveness, blocks_per_chunk=3, num_gpu_blocks=60, max_num_batched_tokens=20
+    )
+    e.add_request(list(range(1, 31)), 2, req_id="a")
+    e.drain()
+    assert [record.output.num_scheduled_tokens.get("a") for record in e.history[:2]] == [20, 10]
+    _a_s_chunk_0_reported_only_if_held(e, liveness, held=not coarse)
+
+
+def _fine_full_coarse_window(liveness: ReplayLiveness, **options: Any) -> FenceEngine:
+    """The mixed layout with full-attention blocks of 4 tokens beside window blocks of 8
+    and a window of one, ``liveness`` attached before the first step."""
     e = FenceEngine(
         layout="mixed",
         block_size=4,
         sliding_block_size=8,
         window_blocks=1,
-        blocks_per_chunk=3,
-        num_gpu_blocks=60,
-        max_num_batched_tokens=20,
         post_step_fns=[FenceOracle(), liveness],
+        **options,
     )
     liveness.attach(e)
-    e.add_request(list(range(1, 31)), 2, req_id="a")
-    e.drain()
-    assert [record.output.num_scheduled_tokens.get("a") for record in e.history[:2]] == [20, 10]
-    _a_s_chunk_0_reported_only_if_held(e, liveness, held=not coarse)
+    return e
 
 
 def _a_s_chunk_0_reported_only_if_held(
@@ -1500,8 +1507,15 @@ def _a_s_chunk_0_reported_only_if_held(
 SEGMENT_PROMPT = list(range(1, 46))
 
 
-# the store's mask given the default retention where the engine's is periodic
-TAKEN_FOR_DEFAULT = "retention_interval=self.config.retention_interval and 0,"
+def _plant_taken_for_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store's mask given the default retention where the engine's is periodic."""
+    _plant(
+        monkeypatch,
+        OffloadingConnectorScheduler,
+        "_reachable_store_block_mask",
+        "retention_interval=self.config.retention_interval,",
+        "retention_interval=self.config.retention_interval and 0,",
+    )
 
 
 def _a_under_segments(liveness: SegmentLiveness, retention: int = 16) -> FenceEngine:
@@ -1549,17 +1563,9 @@ def test_a_segment_chunk_vllm_skips_for_a_reachable_null_block_is_not_reported(
     reachable null block, by design. L4 leaves it out; held to it as if the mask kept no
     tail (``window_blocks`` 0), it reports the chunk where the release skips it."""
     liveness = SegmentLiveness(1, 16, 8, 2, 16, tails, coarse=False)
-    e = FenceEngine(
-        layout="mixed",
-        block_size=4,
-        sliding_block_size=8,
-        window_blocks=1,
-        blocks_per_chunk=2,
-        retention_interval=16,
-        num_gpu_blocks=14,
-        post_step_fns=[FenceOracle(), liveness],
+    e = _fine_full_coarse_window(
+        liveness, blocks_per_chunk=2, retention_interval=16, num_gpu_blocks=14
     )
-    liveness.attach(e)
     e.add_request(list(range(1, 14)), 6, req_id="a")
     e.step()
     e.add_request(list(range(100, 120)), 3, req_id="b")
@@ -1577,13 +1583,7 @@ def test_the_segment_check_names_the_segment_chunks_a_store_leaves_out(
 ) -> None:
     """A store that takes a periodic retention for the default one keeps only the
     replay boundary's chunk: L4 names a's chunks 1 and 3, and c hits nothing."""
-    _plant(
-        monkeypatch,
-        OffloadingConnectorScheduler,
-        "_reachable_store_block_mask",
-        "retention_interval=self.config.retention_interval,",
-        TAKEN_FOR_DEFAULT,
-    )
+    _plant_taken_for_default(monkeypatch)
     liveness = SegmentLiveness(1, 8, 8, 2, 16, 2, coarse=False)
     e = _a_under_segments(liveness)
     found = liveness.check(e)
@@ -1668,13 +1668,7 @@ def test_random_workloads_under_periodic_retention_see_segment_chunks_left_out(
     """A store that takes a periodic retention for the default one: WindowMachine's
     programs under periodic retention see it, through SegmentLiveness (L4). Same
     examples as the CI profile, without shrinking."""
-    _plant(
-        monkeypatch,
-        OffloadingConnectorScheduler,
-        "_reachable_store_block_mask",
-        "retention_interval=self.config.retention_interval,",
-        TAKEN_FOR_DEFAULT,
-    )
+    _plant_taken_for_default(monkeypatch)
     monkeypatch.setattr(sys.modules[__name__], "WINDOW_RETENTION", PERIODIC_RETENTION)
     with pytest.raises(FenceViolation) as caught:
         run_machine(WindowMachine, _ci_unshrunk())
