@@ -557,13 +557,18 @@ class WindowLiveness(StoreLiveness):
         """The chunks in which a request's own table held a null block once this step
         was scheduled (a finish in the same step empties it after): the positions
         below its last block that the table leaves out."""
+        for req_id, positions in self._table_nulls(engine).items():
+            nulls = self.with_null.setdefault(req_id, set())
+            nulls.update(p // self.blocks_per_chunk for p in positions)
+
+    def _table_nulls(self, engine: Any) -> dict[str, set[int]]:
+        """Per request in this step's tables, the positions of the group below its last
+        block that its table leaves out (its null blocks)."""
         places: dict[str, set[int]] = {}
         for req_id, group, position in engine.history[-1].tables:
             if group == self.group:
                 places.setdefault(req_id, set()).add(position)
-        for req_id, held in places.items():
-            nulls = self.with_null.setdefault(req_id, set())
-            nulls.update(p // self.blocks_per_chunk for p in range(max(held)) if p not in held)
+        return {r: {p for p in range(max(held)) if p not in held} for r, held in places.items()}
 
     def _record_zeroing(self, engine: Any) -> None:
         """Note each position the connector zeroed in this step: whether the request
@@ -794,11 +799,7 @@ class SegmentLiveness(ReplayLiveness):
 
     def __call__(self, engine: Any) -> None:
         super().__call__(engine)
-        places: dict[str, set[int]] = {}
-        for req_id, group, position in engine.history[-1].tables:
-            if group == self.group:
-                places.setdefault(req_id, set()).add(position)
-        nulls = {r: {p for p in range(max(held)) if p not in held} for r, held in places.items()}
+        nulls = self._table_nulls(engine)
         self.nulls_last.update(nulls)
         for req_id, status in engine.connector._req_status.items():
             now = status.group_states[self.group].next_stored_chunk_idx
