@@ -107,10 +107,15 @@ def hunt(
     from test_fence_stateful import REMOTE_WINDOW, FenceMachine, RemoteWindowMachine, WindowMachine
 
     # vLLM's default retention and periodic ones beside dense in WindowMachine, whose ci
-    # programs keep to dense (test_fence_stateful.WINDOW_RETENTION)
-    retentions = "[None, 0, *test_fence_stateful.PERIODIC_RETENTION]"
-    test_fence_stateful.WINDOW_RETENTION = [None, 0, *test_fence_stateful.PERIODIC_RETENTION]
-    settings_made: tuple[str, ...] = (f"test_fence_stateful.WINDOW_RETENTION = {retentions}",)
+    # programs keep to dense (test_fence_stateful.WINDOW_RETENTION), and the periodic
+    # ones beside FenceMachine's two (FENCE_RETENTION)
+    periodic = test_fence_stateful.PERIODIC_RETENTION
+    test_fence_stateful.WINDOW_RETENTION = [None, 0, *periodic]
+    test_fence_stateful.FENCE_RETENTION = [0, None, *periodic]
+    settings_made: tuple[str, ...] = (
+        "test_fence_stateful.WINDOW_RETENTION = [None, 0, *test_fence_stateful.PERIODIC_RETENTION]",
+        "test_fence_stateful.FENCE_RETENTION = [0, None, *test_fence_stateful.PERIODIC_RETENTION]",
+    )
 
     classes: dict[str, type[RuleBasedStateMachine]] = {
         "FenceMachine": FenceMachine,
@@ -124,9 +129,13 @@ def hunt(
         test_fence_stateful.REMOTE_WINDOW_BLOCK_SIZES = test_fence_stateful.MIXED_BLOCK_SIZES
         settings_made += (f"test_fence_stateful.REMOTE_WINDOW_BLOCK_SIZES = {sizes}",)
         # and vLLM's default retention beside dense, which its ci programs leave out
-        # where a known bug meets it (tolerated: test_fence_stateful.SHORTER_TOLERANCE)
-        test_fence_stateful.REMOTE_WINDOW_RETENTION = [0, None]
-        settings_made += ("test_fence_stateful.REMOTE_WINDOW_RETENTION = [0, None]",)
+        # where a known bug meets it (tolerated: test_fence_stateful.SHORTER_TOLERANCE),
+        # and the periodic ones
+        test_fence_stateful.REMOTE_WINDOW_RETENTION = [0, None, *periodic]
+        settings_made += (
+            "test_fence_stateful.REMOTE_WINDOW_RETENTION = "
+            "[0, None, *test_fence_stateful.PERIODIC_RETENTION]",
+        )
 
     base = settings.get_profile("long")
     budget = settings(
