@@ -799,13 +799,14 @@ class SegmentLiveness(ReplayLiveness):
 
     def __call__(self, engine: Any) -> None:
         super().__call__(engine)
-        nulls = self._table_nulls(engine)
-        self.nulls_last.update(nulls)
+        self.nulls_last.update(self._table_nulls(engine))
         for req_id, status in engine.connector._req_status.items():
             now = status.group_states[self.group].next_stored_chunk_idx
             passed = self.nulls_passed.setdefault(req_id, {})
             for chunk in range(self.passed_at.get(req_id, 0), now):
-                passed[chunk] = nulls.get(req_id, set())
+                # this step's table, or for a request no longer in the tables (the
+                # final store of one that finished), its table when it last ran
+                passed[chunk] = self.nulls_last.get(req_id, set())
             self.passed_at[req_id] = now
         for req_id, request in engine.requests.items():
             if junction := getattr(request, "shared_prefix_boundary", 0):

@@ -1568,6 +1568,53 @@ def test_a_prefix_under_periodic_retention_hits_its_segment_s_end() -> None:
     assert _hits(e, "c") == [16]
 
 
+def test_a_resumed_request_s_final_store_skipping_a_reachable_null_block_is_not_reported() -> None:
+    """A hunt's program on 0.34.0 (2026-12-06, seed 2127576981), under a retention of 16
+    tokens: 4-token full-attention blocks beside 8-token window blocks (a window of
+    one), chunks of two blocks, a pool with no spare block. r2 (13 prompt tokens, so a
+    replay boundary of 8, inside window chunk 0) is preempted once its window has left
+    block 0, comes back through the GPU prefix cache with block 0 null, and finishes;
+    its final store passes over chunk 0, whose null block 0 the replay boundary reads,
+    so vLLM 0.33.0 on skips it by design. L4 reported it: it took the null positions of
+    a request no longer in the step's tables (the finished one's final store) as none,
+    where it means the table the request last ran with."""
+    state = FenceMachine()
+    state.start(
+        async_scheduling=True,
+        block_sizes=(4, 8),
+        blocks_per_chunk=2,
+        cpu_chunks=2,
+        delays=[0],
+        eagle=False,
+        enabled=[False, False, False, False],
+        kv_role="kv_both",
+        layout="mixed",
+        ranks="one",
+        remote_source=False,
+        retention=Segments(1),
+        second_worker_lag=0,
+        seed=2,
+        spare_blocks=0,
+        window_blocks=1,
+    )
+    engine, liveness = state.engine, state.liveness
+    assert engine is not None and isinstance(liveness, SegmentLiveness)
+    state.step(steps=2)
+    state.add_request(max_tokens=4, prefix=(), remote_blocks=0, tail=0)
+    state.step(steps=1)
+    state.add_request(max_tokens=10, prefix=PREFIXES[1], remote_blocks=0, tail=0)
+    state.step(steps=2)
+    state.add_request(max_tokens=5, prefix=PREFIXES[1], remote_blocks=0, tail=5)
+    for _ in range(7):
+        state.step(steps=4)
+    state.teardown()
+    assert engine.requests["r2"].num_preemptions == 1
+    offered = liveness.keys["r2"][0] in liveness.offered_by["r2"]
+    assert offered is has_bug("reachable-null-block-chunk-stored")
+    if not offered:  # skipped: block 0 was null when the final store passed chunk 0
+        assert liveness.nulls_passed["r2"] == {0: {0}}
+
+
 @pytest.mark.parametrize("tails", [1, 0], ids=["as-vllm", "as-if-no-tail"])
 def test_a_segment_chunk_vllm_skips_for_a_reachable_null_block_is_not_reported(
     tails: int,
