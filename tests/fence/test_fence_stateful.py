@@ -1598,7 +1598,8 @@ def test_a_resumed_request_s_final_store_skipping_a_reachable_null_block_is_not_
         window_blocks=1,
     )
     engine, liveness = state.engine, state.liveness
-    assert engine is not None and isinstance(liveness, SegmentLiveness)
+    assert engine is not None
+    assert isinstance(liveness, SegmentLiveness)
     state.step(steps=2)
     state.add_request(max_tokens=4, prefix=(), remote_blocks=0, tail=0)
     state.step(steps=1)
