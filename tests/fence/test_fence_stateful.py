@@ -1142,7 +1142,8 @@ def test_a_hunt_s_eagle_program_under_default_retention_keeps_every_check() -> N
     zeros), the shape of eagle-popped-chunk-reads-unstored-block, and passes with the
     same program without EAGLE, or with dense retention. On 0.28.0, 0.29.0, 0.33.0
     and 0.34.0 it meets that shape and the machine tolerates it (EAGLE_TOLERANCE); on
-    0.30.0-0.32.0 the load is clean."""
+    0.30.0-0.32.0 the load is clean: r1's first store copies the window block the
+    popped hit reads there (six blocks; five on 0.29.0 and 0.33.0)."""
     state = FenceMachine()
     state.start(
         async_scheduling=True,
