@@ -228,6 +228,19 @@ PERIODIC_RETENTION: list[int | Segments | None] = [Segments(1), Segments(2)]
 FENCE_RETENTION: list[int | Segments | None] = [0, None]
 
 
+def _start_draws(retention: st.SearchStrategy[Any]) -> dict[str, Any]:
+    """FenceMachine's start draws, in the order Hypothesis draws them, with
+    ``retention`` the strategy of the retention."""
+    return {
+        "layout": st.sampled_from(["full", "sliding", "mixed"]),
+        **ENGINE_DRAWS,
+        "remote_source": st.booleans(),
+        "retention": retention,
+        "eagle": st.booleans(),
+        **RUN_DRAWS,
+    }
+
+
 class FenceMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -238,14 +251,7 @@ class FenceMachine(RuleBasedStateMachine):
         self.actions: frozenset[str] = frozenset()
 
     @precondition(lambda self: self.engine is None)
-    @rule(
-        layout=st.sampled_from(["full", "sliding", "mixed"]),
-        **ENGINE_DRAWS,
-        remote_source=st.booleans(),
-        retention=st.deferred(lambda: st.sampled_from(FENCE_RETENTION)),
-        eagle=st.booleans(),
-        **RUN_DRAWS,
-    )
+    @rule(**_start_draws(st.deferred(lambda: st.sampled_from(FENCE_RETENTION))))
     def start(
         self,
         layout: Any,
@@ -515,14 +521,7 @@ class PeriodicMachine(FenceMachine):
     (an audit's baseline met that: two planted-bug runs found nothing)."""
 
     @precondition(lambda self: self.engine is None)
-    @rule(
-        layout=st.sampled_from(["full", "sliding", "mixed"]),
-        **ENGINE_DRAWS,
-        remote_source=st.booleans(),
-        retention=st.sampled_from(PERIODIC_RETENTION),
-        eagle=st.booleans(),
-        **RUN_DRAWS,
-    )
+    @rule(**_start_draws(st.sampled_from(PERIODIC_RETENTION)))
     def start(self, **drawn: Any) -> None:  # type: ignore[override]
         super().start(**drawn)
 

@@ -757,14 +757,20 @@ def _window_engine(
     return e
 
 
-def _c_loads_a_s_first_chunk(e: FenceEngine, chunk_tokens: int) -> None:
+def _c_after_a_reset(e: FenceEngine, tokens: int) -> None:
     """Once every transfer is done, the GPU prefix cache alone is reset and c sends
-    a's first chunk and one new token: c's hit can come only from the CPU tier, and
-    only if a's chunk is there."""
+    a's first ``tokens`` tokens and one new token: c's hit can come only from the CPU
+    tier. Runs c to its end."""
     e.drain()
     assert e.reset_gpu_cache()
-    e.add_request([*e.requests["a"].all_token_ids[:chunk_tokens], 3000], 1, req_id="c")
+    e.add_request([*e.requests["a"].all_token_ids[:tokens], 3000], 1, req_id="c")
     e.drain()
+
+
+def _c_loads_a_s_first_chunk(e: FenceEngine, chunk_tokens: int) -> None:
+    """c sends a's first chunk (:func:`_c_after_a_reset`): it loads only if a's chunk
+    is in the tier."""
+    _c_after_a_reset(e, chunk_tokens)
     assert any(job.req_id == "c" for job in e.ledger.load_jobs.values()), (
         "c loaded nothing: a's first chunk never reached the CPU tier"
     )
@@ -826,14 +832,10 @@ def _a_filled_as_b_hits(b_prefix: range, liveness: WindowLiveness | None = None)
 
 
 def _c_hits_a_s_replay_chunk(e: FenceEngine) -> None:
-    """Once every transfer is done, the GPU prefix cache alone is reset and c sends
-    a's first 8 tokens and one new token, so its replay boundary is a's: its hit can
-    come only from the CPU tier, and reaches 8 tokens only if a's replay chunk is
-    there (the chunk before it is not, by vLLM's design: no boundary of a ends it)."""
-    e.drain()
-    assert e.reset_gpu_cache()
-    e.add_request([*range(1, 9), 3000], 1, req_id="c")
-    e.drain()
+    """c sends a's first 8 tokens (:func:`_c_after_a_reset`), so its replay boundary
+    is a's: its hit reaches 8 tokens only if a's replay chunk is in the tier (the chunk
+    before it is not, by vLLM's design: no boundary of a ends it)."""
+    _c_after_a_reset(e, 8)
     assert _hits(e, "c") == [8], "c did not hit a's replay chunk in the CPU tier"
 
 
@@ -921,22 +923,26 @@ def test_a_finished_request_s_last_window_chunk_is_offloaded_from_a_roomy_pool()
 
 
 # The two findings' programs and their neighbours, as WindowLiveness (L2) meets them:
-# (build, chunk blocks, the bug's tolerance label, the finding); a neighbour has none.
+# (build, chunk blocks, the bug's tolerance label, whether this release drops a's chunk
+# 0); a neighbour has no label and drops nothing.
 WINDOW_PROGRAMS = {
     "b-hits-a": (
         lambda live: _a_then_b(range(1, 9), live),
         3,
         HIT_TAKEN_FOR_REUSED,
-        "prefix-hit-taken-for-reused-window-block",
+        # the zeroed blocks come before the chunk's last: a release that stores a chunk
+        # with a reachable null block stores it so (the slot unwritten), not drops it
+        has_bug("prefix-hit-taken-for-reused-window-block")
+        and not has_bug("reachable-null-block-chunk-stored"),
     ),
-    "b-apart": (lambda live: _a_then_b(range(50, 58), live), 3, None, None),
+    "b-apart": (lambda live: _a_then_b(range(50, 58), live), 3, None, False),
     "block-moves-on": (
         lambda live: _a_finishes_beside_b(4, live),
         1,
         FINISHED_CHUNK_ZEROED,
-        "finished-window-chunk-dropped",
+        has_bug("finished-window-chunk-dropped"),
     ),
-    "roomy-pool": (lambda live: _a_finishes_beside_b(40, live), 1, None, None),
+    "roomy-pool": (lambda live: _a_finishes_beside_b(40, live), 1, None, False),
 }
 
 
@@ -947,12 +953,7 @@ def test_the_window_liveness_check_names_each_dropped_chunk(program: str, tolera
     names it, unless the engine tolerates that very bug, which is then recorded as
     met; tolerating the other one hides nothing. On the neighbouring programs, and
     where the release stores the chunk, it finds nothing."""
-    build, blocks, label, finding = WINDOW_PROGRAMS[program]
-    # a's chunk 0 holds the zeroed blocks before its last: a release that stores a chunk
-    # with a reachable null block stores it so (the slot unwritten), not drops it
-    drops = finding is not None and has_bug(finding)
-    if label == HIT_TAKEN_FOR_REUSED and has_bug("reachable-null-block-chunk-stored"):
-        drops = False
+    build, blocks, label, drops = WINDOW_PROGRAMS[program]
     other = {HIT_TAKEN_FOR_REUSED: FINISHED_CHUNK_ZEROED}.get(label, HIT_TAKEN_FOR_REUSED)
     tolerate = {"nothing": (), "its-bug": (label,), "the-other-bug": (other,)}[tolerated]
     chunk = 4 * blocks
