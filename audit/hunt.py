@@ -34,6 +34,7 @@ MACHINES = (
     ("RemoteWindowMachine", "tests/fence/test_fence_stateful.py"),
     ("WindowMachine", "tests/fence/test_fence_stateful.py"),
     ("RecurrentMachine", "tests/fence/test_fence_recurrent.py"),
+    ("SpeculativeMachine", "tests/fence/test_fence_stateful.py"),
 )
 DEFAULT_SECONDS = 600
 SECONDS_ENV = "FENCE_AUDIT_HUNT_SECONDS"

@@ -26,6 +26,7 @@ from vllm.config import (
     KVTransferConfig,
     ModelConfig,
     SchedulerConfig,
+    SpeculativeConfig,
     VllmConfig,
 )
 from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
@@ -238,6 +239,7 @@ def vllm_config(
     remote_source: bool = False,
     retention_interval: int | None = 0,
     kv_role: Role = "kv_both",
+    spec_tokens: int = 0,
 ) -> VllmConfig:
     """A real vLLM config with the OffloadingConnector over
     :class:`fence_transfers.FenceOffloadingSpec`.
@@ -246,7 +248,11 @@ def vllm_config(
     platform turns the flag off as the config is built (it runs no model
     asynchronously), but the harness steps the engine as a GPU engine core does,
     one step in flight under the ``AsyncScheduler``, and the scheduler reads the flag
-    to know that (docs/triage-async-scheduling.md)."""
+    to know that (docs/triage-async-scheduling.md).
+
+    With ``spec_tokens``, speculative decoding of up to that many draft tokens per
+    step, by vLLM's n-gram method (no draft model to load): the scheduler schedules
+    the drafts the engine hands it and takes back what the target model accepted."""
     if remote_source and kv_role != "kv_both":
         raise ValueError(
             f"remote_source loads KV from another connector, which a {kv_role} "
@@ -303,4 +309,13 @@ def vllm_config(
     )
     config.parallel_config.world_size = workers
     config.scheduler_config.async_scheduling = async_scheduling
+    if spec_tokens:
+        config.speculative_config = SpeculativeConfig(
+            method="ngram",
+            num_speculative_tokens=spec_tokens,
+            prompt_lookup_max=spec_tokens,
+            prompt_lookup_min=1,
+            target_model_config=model,
+            target_parallel_config=config.parallel_config,
+        )
     return config

@@ -9,6 +9,7 @@ scheduler's own bookkeeping (:class:`ContentViolation`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -99,6 +100,16 @@ class Untracked:
     data the model does not track, so a load of it is that bug's too."""
 
     label: str
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """What a block holds that only rejected draft tokens wrote (block ``index`` of
+    ``group`` of ``req_id``): KV of tokens the request never has."""
+
+    req_id: str
+    group: int
+    index: int
 
 
 @dataclass
@@ -294,17 +305,30 @@ class Contents:
                     tag = self.expected_tag(req_id, group, index)
                     self.write(table[index], tag, step, f"a remote load for {req_id}")
 
-    def forward(self, output: SchedulerOutput, step: int) -> None:
-        """The forward pass: write each computed block's tag."""
+    def forward(
+        self, output: SchedulerOutput, step: int, accepted: Mapping[str, int] | None = None
+    ) -> None:
+        """The forward pass: write each computed block's tag. Of a request's
+        scheduled draft tokens, those past the first ``accepted[request]`` are
+        rejected: their positions hold KV of tokens the request never has, so a block
+        they alone write holds :class:`Rejected`, and one they share with accepted
+        positions is written only up to the last accepted one."""
+        accepted = accepted or {}
         for req_id, n in output.num_scheduled_tokens.items():
             request = self.engine.requests[req_id]
             end = request.num_computed_tokens
             start = end - n
+            drafts = len(output.scheduled_spec_decode_tokens.get(req_id, ()))
+            valid = end - drafts + accepted.get(req_id, 0)  # the accepted positions' end
             tables = self.engine.scheduler.kv_cache_manager.get_block_ids(req_id)
             for group, table in enumerate(tables):
                 bs = self.engine.group_block_sizes[group]
                 for index in range(start // bs, (end - 1) // bs + 1):
-                    tag = (req_id, group, index, end)
+                    tag: Tag = (
+                        (req_id, group, index, valid)
+                        if index * bs < valid
+                        else Rejected(req_id, group, index)
+                    )
                     if index < len(table) and table[index] != 0:
                         self.write(table[index], tag, step, f"the forward pass of {req_id}")
 

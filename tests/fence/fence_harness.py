@@ -46,7 +46,7 @@ from fence_findings import has_bug
 from fence_ledger import JobLedger, StepRecord
 from fence_scheduler import SchedulerSide
 from fence_transfers import Delay, FakeTransferWorker, FenceOffloadingSpec
-from fence_workers import WorkerSide
+from fence_workers import Speculation, WorkerSide
 from vllm.v1.request import RequestStatus
 
 __all__ = [
@@ -58,6 +58,7 @@ __all__ = [
     "SHORTER_HIT",
     "STRANDED_FINISHED_LOAD",
     "UNALIGNED_HIT",
+    "Speculation",
     "UNSTORED_SLOT",
     "ContentViolation",
     "Delay",
@@ -153,12 +154,21 @@ class FenceEngine:
         kv_role: Role = "kv_both",
         retention_interval: int | None = 0,
         eagle: bool = False,
+        speculation: Speculation | None = None,
         tolerate: Sequence[str] | None = None,
         post_step_fns: Sequence[Callable[[FenceEngine], None]] = (),
         strict_contents: bool = True,
     ) -> None:
+        if speculation is not None and async_scheduling:
+            # the drafts of an async step reach the scheduler through the model
+            # runner's next output, which the harness does not play
+            raise ValueError(
+                "speculation with async_scheduling=True is not modelled: "
+                "use async_scheduling=False"
+            )
         self.blocks_per_chunk = blocks_per_chunk
         self.async_scheduling = async_scheduling
+        self.speculation = speculation
         self.layout = layout
         self.eagle = eagle
         self.retention_interval = retention_interval
@@ -196,6 +206,7 @@ class FenceEngine:
             request_level=request_level,
             remote_source=remote_source,
             kv_role=kv_role,
+            spec_tokens=speculation.tokens if speculation else 0,
         )
         self.vllm_config = config.vllm
         self.group_block_sizes = config.group_block_sizes
@@ -292,8 +303,13 @@ class FenceEngine:
         self.step_no += 1
         try:
             record = self.scheduler_side.schedule(self.step_no)
-            runner_output = self.worker_side.execute(record.output, self.step_no, self.contents)
+            runner_output = self.worker_side.execute(
+                record.output, self.step_no, self.contents, self.speculation
+            )
             self.scheduler_side.update(record.output, runner_output)
+            if self.speculation is not None:  # the engine core's post-step
+                drafts = self.worker_side.drafts(record.output, self.step_no, self.speculation)
+                self.scheduler.update_draft_token_ids(drafts)
             for fn in self.post_step_fns:
                 fn(self)
         except BaseException:

@@ -104,7 +104,13 @@ def hunt(
     from hypothesis import Phase, seed, settings
     from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
     from test_fence_recurrent import RecurrentMachine
-    from test_fence_stateful import REMOTE_WINDOW, FenceMachine, RemoteWindowMachine, WindowMachine
+    from test_fence_stateful import (
+        REMOTE_WINDOW,
+        FenceMachine,
+        RemoteWindowMachine,
+        SpeculativeMachine,
+        WindowMachine,
+    )
 
     # vLLM's default retention and periodic ones beside dense in WindowMachine, whose ci
     # programs keep to dense (test_fence_stateful.WINDOW_RETENTION), and the periodic
@@ -121,6 +127,7 @@ def hunt(
         "FenceMachine": FenceMachine,
         "WindowMachine": WindowMachine,
         "RecurrentMachine": RecurrentMachine,
+        "SpeculativeMachine": SpeculativeMachine,
     }
     if REMOTE_WINDOW:  # elsewhere a known bug stops its every program (test_fence_stateful)
         classes["RemoteWindowMachine"] = RemoteWindowMachine

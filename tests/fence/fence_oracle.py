@@ -351,6 +351,18 @@ def _full_tables(output: Any) -> set[str]:
     return {r.req_id for r in output.scheduled_new_reqs} | set(resumed)
 
 
+def committed(engine: Any, request: Any) -> int:
+    """The tokens of ``request`` whose KV a store may read once the step's output is
+    in: those it computed. With speculative decoding (a synchronous engine, so the
+    count is the step's, rejected drafts rolled back), at most all but its last token,
+    vLLM's commit point: a request that stops inside a step's accepted drafts counts
+    as computed the drafts its output then drops, and vLLM's final store keeps to
+    its tokens less the last, whose slot may hold a rejected draft's KV."""
+    if engine.speculation is None:
+        return int(request.num_computed_tokens)
+    return min(request.num_computed_tokens, request.num_tokens - 1)
+
+
 class StoreLiveness:
     """L1, a liveness check every other one lacks: a chunk a request computed is
     offered to the CPU tier. The invariants above are all safety (nothing is
@@ -393,7 +405,7 @@ class StoreLiveness:
         self._record_keys(engine)
         for req_id, request in engine.requests.items():
             steps = self.computed_at.setdefault(req_id, {})
-            for chunk in range(len(steps), request.num_computed_tokens // self.chunk_tokens):
+            for chunk in range(len(steps), committed(engine, request) // self.chunk_tokens):
                 steps[chunk] = engine.step_no
 
     def _record_keys(self, engine: Any) -> None:
@@ -543,8 +555,11 @@ class WindowLiveness(StoreLiveness):
         starts.update(zip(cached.req_ids, cached.num_computed_tokens, strict=False))
         for req_id, scheduled in output.num_scheduled_tokens.items():
             start = starts[req_id]
+            end = start + scheduled
+            if engine.speculation is not None:  # less the drafts this step rejected
+                end = min(end, committed(engine, engine.requests[req_id]))
             held = self.computed_at.setdefault(req_id, {})
-            for chunk in self._held_chunks(engine, req_id, start, start + scheduled):
+            for chunk in self._held_chunks(engine, req_id, start, end):
                 held.setdefault(chunk, engine.step_no)
 
     def _held_chunks(self, engine: Any, req_id: str, start: int, end: int) -> Iterable[int]:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
-from collections.abc import KeysView, Mapping
+from collections.abc import Callable, KeysView, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import fence_remote
@@ -42,13 +43,27 @@ from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import (
 )
 from vllm.forward_context import ForwardContext
 from vllm.v1.core.sched.output import SchedulerOutput
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.outputs import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 
 if TYPE_CHECKING:
     from fence_contents import Contents
 
 _TAKES_INDEX = "req_id_to_index" in {f.name for f in dataclasses.fields(ModelRunnerOutput)}
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """Speculative decoding as the model runner plays it: after each step a drafter
+    proposes ``drafts(request, step)`` tokens (at most ``tokens``, vLLM's
+    ``num_speculative_tokens``) for each request of the batch, and in the step that
+    verifies them the target model accepts the first ``accepted(request, step,
+    drafts)`` of them. A rejected draft's KV stays in its slot until a later step
+    writes that position again (the content model tracks it)."""
+
+    tokens: int
+    drafts: Callable[[str, int], int]
+    accepted: Callable[[str, int, int], int]
 
 
 class WorkerSide:
@@ -117,8 +132,19 @@ class WorkerSide:
             and not (jobs - self.worker.in_flight.keys())
         )
 
-    def execute(self, output: SchedulerOutput, step: int, contents: Contents) -> ModelRunnerOutput:
+    def execute(
+        self,
+        output: SchedulerOutput,
+        step: int,
+        contents: Contents,
+        speculation: Speculation | None = None,
+    ) -> ModelRunnerOutput:
         """One step, in the model runner's order."""
+        # how many of its scheduled drafts the target model accepts, per request
+        accepted = {
+            req_id: speculation.accepted(req_id, step, len(drafts)) if speculation else 0
+            for req_id, drafts in output.scheduled_spec_decode_tokens.items()
+        }
         meta = output.kv_connector_metadata
         assert meta is not None
         if self.second_rank is not None:
@@ -127,7 +153,7 @@ class WorkerSide:
         self.connector.handle_preemptions(meta)
         self.connector.bind_connector_metadata(meta)
         self.connector.start_load_kv(self._ctx)
-        contents.forward(output, step)
+        contents.forward(output, step, accepted)
         self.connector.wait_for_save()
         self.worker.tick()
         finished_sending, finished_recving = self.connector.get_finished(output.finished_req_ids)
@@ -142,10 +168,21 @@ class WorkerSide:
             finished_recving=finished_recving or None,
             kv_connector_worker_meta=worker_meta,
         )
-        return self._runner_output(output, kv_output)
+        return self._runner_output(output, kv_output, accepted)
+
+    def drafts(self, output: SchedulerOutput, step: int, speculation: Speculation) -> DraftTokenIds:
+        """The drafter's proposals after step ``step``, for each request of its batch
+        (the scheduler ignores those of a request still in its prefill)."""
+        req_ids = [r for r in output.num_scheduled_tokens if not self.requests[r].is_finished()]
+        proposed = []
+        for req_id in req_ids:
+            first = self.requests[req_id].num_tokens  # the first position drafted
+            count = speculation.drafts(req_id, step)
+            proposed.append([_draft(req_id, p) for p in range(first, first + count)])
+        return DraftTokenIds(req_ids=req_ids, draft_token_ids=proposed)
 
     def _runner_output(
-        self, output: SchedulerOutput, kv_output: KVConnectorOutput
+        self, output: SchedulerOutput, kv_output: KVConnectorOutput, accepted: Mapping[str, int]
     ) -> ModelRunnerOutput:
         req_ids = list(output.num_scheduled_tokens)
         sampled: list[list[int]] = []
@@ -157,6 +194,12 @@ class WorkerSide:
                 # stops short of its last token: vLLM's model runner discards what it
                 # samples for a request whose tokens this step leaves uncomputed
                 sampled.append([])
+            elif req_id in accepted:
+                # the drafts it accepts, then the target model's own next token
+                drafts = list(output.scheduled_spec_decode_tokens[req_id])
+                kept = accepted[req_id]
+                bonus = computed - len(drafts) + kept  # that token's position
+                sampled.append([*drafts[:kept], _token(req_id, bonus)])
             else:
                 sampled.append([_token(req_id, computed)])
         # vLLM 0.28.0-0.33.0 also take each request's index; 0.34.0 reads it off req_ids
@@ -281,3 +324,9 @@ class SecondRank:
 def _token(req_id: str, position: int) -> int:
     """A deterministic, request-specific token: outputs of different requests differ."""
     return 1000 + zlib.crc32(f"{req_id}:{position}".encode()) % 20000  # not hash(): seeded
+
+
+def _draft(req_id: str, position: int) -> int:
+    """A draft token, never the one :func:`_token` gives that position: a rejected
+    draft's KV differs from the accepted token's."""
+    return 30000 + zlib.crc32(f"{req_id}:{position}".encode()) % 20000

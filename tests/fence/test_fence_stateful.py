@@ -41,6 +41,7 @@ from fence_harness import (
     UNSTORED_SLOT,
     ContentViolation,
     FenceEngine,
+    Speculation,
 )
 from fence_oracle import (
     FINISHED_CHUNK_ZEROED,
@@ -270,6 +271,7 @@ class FenceMachine(RuleBasedStateMachine):
         seed: int,
         enabled: list[bool],
         kv_role: Role,
+        speculation: Speculation | None = None,
     ) -> None:
         rng = random.Random(seed)
         self.actions = frozenset(a for a, on in zip(ACTIONS, enabled, strict=True) if on)
@@ -348,6 +350,7 @@ class FenceMachine(RuleBasedStateMachine):
             # final sliding-window tail); an EAGLE drafter's sliding-window group
             retention_interval=retention,
             eagle=eagle,
+            speculation=speculation,
             # Known vLLM bugs, kept in test_vllm_bugs.py: tolerated here so that the
             # random workloads keep hunting for other failures (and this release's
             # tolerated ones, see RELEASE_TOLERANCE). The final-tail bug only where
@@ -528,6 +531,52 @@ class PeriodicMachine(FenceMachine):
 
 def test_random_workloads_keep_every_fence_invariant_under_periodic_retention() -> None:
     run_machine(PeriodicMachine)
+
+
+# How the target model takes a SpeculativeMachine program's drafts: each step's at
+# random, all of them, or none.
+ACCEPTANCE = ("random", "random", "all", "none")
+
+
+class SpeculativeMachine(FenceMachine):
+    """FenceMachine's rules, every program with speculative decoding: after each step
+    the drafter proposes up to ``spec_tokens`` tokens per request, and the step that
+    verifies them accepts a prefix of them (``acceptance``). The scheduler then
+    schedules the drafts, allocates their slots, and rolls back its count of computed
+    tokens by those rejected, whose KV stays in their slots until overwritten (the
+    content model's :class:`~fence_contents.Rejected`): a store that read such a slot,
+    or a draft written into a block a store still reads, is a content violation.
+    Synchronous scheduling only: the harness does not play how an async step's
+    drafts reach the scheduler."""
+
+    @precondition(lambda self: self.engine is None)
+    @rule(
+        **{
+            name: draw
+            for name, draw in _start_draws(
+                st.deferred(lambda: st.sampled_from(FENCE_RETENTION))
+            ).items()
+            if name != "async_scheduling"
+        },
+        spec_tokens=st.integers(1, 3),
+        acceptance=st.sampled_from(ACCEPTANCE),
+    )
+    def start(self, spec_tokens: int, acceptance: str, **drawn: Any) -> None:  # type: ignore[override]
+        rng = random.Random(drawn["seed"] ^ 0x5EC)  # apart from the delays' draws
+
+        def accepted(req_id: str, step: int, drafts: int) -> int:
+            if acceptance == "random":
+                return rng.randint(0, drafts)
+            return drafts if acceptance == "all" else 0
+
+        speculation = Speculation(
+            spec_tokens, lambda req_id, step: rng.randint(0, spec_tokens), accepted
+        )
+        super().start(**drawn, async_scheduling=False, speculation=speculation)
+
+
+def test_random_workloads_keep_every_fence_invariant_with_speculative_decoding() -> None:
+    run_machine(SpeculativeMachine)
 
 
 # RemoteWindowMachine's programs all have the layout where a sliding-window chunk can
@@ -1142,7 +1191,10 @@ def test_a_hunt_s_eagle_program_under_default_retention_keeps_every_check() -> N
     same program without EAGLE, or with dense retention. On 0.28.0, 0.29.0, 0.33.0
     and 0.34.0 it meets that shape and the machine tolerates it (EAGLE_TOLERANCE); on
     0.30.0-0.32.0 the load is clean: r1's first store copies the window block the
-    popped hit reads there (six blocks; five on 0.29.0 and 0.33.0)."""
+    popped hit reads there (six blocks; five on 0.29.0 and 0.33.0). That block is in
+    the GPU prefix cache there, so when r1's window frees it vLLM's pool hands r2
+    other blocks first; elsewhere it is not cached, r2 takes it in the same step,
+    and the connector zeroes it in r1's pending chunk (the doc's last section)."""
     state = FenceMachine()
     state.start(
         async_scheduling=True,
@@ -1264,14 +1316,24 @@ def test_a_drain_out_of_steps_fails() -> None:
         engine.drain(max_steps=1)
 
 
-def _plant(monkeypatch: pytest.MonkeyPatch, cls: type, name: str, old: str, new: str) -> None:
-    """Replace ``cls.name`` by a copy of its source with ``old`` changed to ``new``,
-    for this test only (the installed file is not touched)."""
+def _plant(
+    monkeypatch: pytest.MonkeyPatch,
+    cls: type,
+    name: str,
+    old: str,
+    new: str,
+    *more: tuple[str, str],
+) -> None:
+    """Replace ``cls.name`` by a copy of its source with ``old`` changed to ``new`` (and
+    each further ``(old, new)`` of ``more``), for this test only (the installed file is
+    not touched)."""
     function = getattr(cls, name)
     source = textwrap.dedent(inspect.getsource(function))
-    assert source.count(old) == 1, f"{old!r} is not once in {cls.__name__}.{name}"
+    for before, after in ((old, new), *more):
+        assert source.count(before) == 1, f"{before!r} is not once in {cls.__name__}.{name}"
+        source = source.replace(before, after)
     namespace: dict[str, Any] = {}
-    code = compile(source.replace(old, new), inspect.getsourcefile(function) or name, "exec")
+    code = compile(source, inspect.getsourcefile(function) or name, "exec")
     exec(code, function.__globals__, namespace)
     monkeypatch.setattr(cls, name, namespace[name])
 

@@ -50,10 +50,10 @@ def test_a_hunt_that_meets_a_planted_bug_writes_its_shrunk_program(
     assert "I7 registered iff finished" in text or "overwritten" in text
     program = text.split("## The shrunk program", 1)[1].split("```python\n", 1)[1]
     program = program.split("\n```", 1)[0].splitlines()
-    # the first machine of a round that meets it (both engine machines can)
+    # the first machine of a round that meets it (the engine machines can)
     machine = re.search(r"`(\w+)` raised `", text)
     assert machine is not None
-    assert machine[1] in ("FenceMachine", "RemoteWindowMachine")
+    assert machine[1] in ("FenceMachine", "RemoteWindowMachine", "SpeculativeMachine")
     assert program[0] == f"state = {machine[1]}()"
     assert any(line.startswith("state.start(") for line in program)
     assert any(line.startswith("state.add_request(") for line in program)

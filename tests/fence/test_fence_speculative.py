@@ -1,0 +1,104 @@
+"""Speculative decoding on the real scheduler: drafts scheduled, rejected ones rolled
+back, and what the content model makes of the KV a rejected draft leaves in its slot.
+
+The engine plays vLLM's n-gram speculation (:class:`fence_harness.Speculation`):
+after each step it hands the scheduler draft tokens, and the step that verifies them
+accepts a prefix of them. These tests fix the drafts and their fate, so that each
+program is one sequence; ``SpeculativeMachine`` (test_fence_stateful.py) draws them.
+"""
+
+from __future__ import annotations
+
+from inspect import getsource
+
+import pytest
+from fence_contents import Rejected
+from fence_findings import has_bug
+from fence_harness import ContentViolation, FenceEngine, Speculation
+from test_fence_stateful import _plant
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import (
+    OffloadingConnectorScheduler,
+)
+
+# The final store's commit point (vLLM 0.30.0 on): a finished request stores its
+# tokens less the last, whose slot under speculative decoding holds a rejected draft.
+COMMIT_POINT = "max(req.num_prompt_tokens, req.num_tokens - 1)"
+# vLLM 0.34.0 on also caps it at the tokens computed: min(req.num_computed_tokens, ...)
+ALSO_COMPUTED = "req.num_computed_tokens,"
+# vLLM 0.28.0-0.29.0 store up to the last token as shipped
+# (docs/vllm-bug-final-store-uncomputed-token.md)
+STORES_PAST_IT = has_bug("final-store-uncomputed-token")
+
+
+def _rejecting(**options: object) -> FenceEngine:
+    """Full attention, 4-token blocks; after every step two drafts per request, and
+    the target model accepts none of them."""
+    never = Speculation(2, lambda req_id, step: 2, lambda req_id, step, drafts: 0)
+    return FenceEngine(retention_interval=None, speculation=never, **options)  # type: ignore[arg-type]
+
+
+def test_rejected_drafts_are_rolled_back_and_stay_in_their_slots() -> None:
+    e = _rejecting(num_gpu_blocks=16)
+    r = e.add_request(list(range(7)), max_tokens=3)
+    prefill = e.step()  # positions 0-6; samples position 7's token
+    assert prefill.output.scheduled_spec_decode_tokens == {}
+    verify = e.step()  # position 7, and drafts for positions 8 and 9
+    assert len(verify.output.scheduled_spec_decode_tokens[r]) == 2
+    assert verify.output.num_scheduled_tokens[r] == 3
+    # both drafts rejected: the scheduler counts position 7 computed, not 8 and 9
+    assert e.requests[r].num_computed_tokens == 8
+    # block 2 (positions 8-11) was written by the two rejected drafts alone
+    block = e.block_tables()[(r, 0, 2)]
+    assert e.contents.gpu[block] == Rejected(r, 0, 2)
+    e.run()
+    e.drain()
+    assert e.requests[r].is_finished()
+    assert e.contents.violations == []
+    assert e.fence == {}
+    # the final store keeps to the commit point: blocks 0 and 1, not block 2
+    stored = {index for req, group, index in e.stored_positions() if req == r}
+    assert stored == {0, 1}
+
+
+def _last_token_after_rejected_drafts() -> tuple[FenceEngine, str]:
+    """A 6-token prompt answered with two tokens: the second comes from a step whose
+    two drafts (positions 7 and 8) were both rejected, so position 7's slot, the
+    last of block 1, holds a rejected draft when the request finishes."""
+    e = _rejecting(num_gpu_blocks=16, tolerate=())
+    return e, e.add_request(list(range(6)), max_tokens=2)
+
+
+@pytest.mark.skipif(STORES_PAST_IT, reason="this vLLM stores past the commit point as shipped")
+def test_the_final_store_leaves_out_the_block_a_rejected_draft_ends() -> None:
+    e, r = _last_token_after_rejected_drafts()
+    e.run()
+    e.drain()
+    assert e.contents.violations == []
+    stored = {index for req, group, index in e.stored_positions() if req == r}
+    assert stored == {0}
+
+
+def test_a_final_store_past_the_commit_point_reads_a_rejected_draft(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The commit point dropped (vLLM 0.28.0-0.29.0 ship that; 0.34.0 on has a second
+    cap, at the tokens computed, dropped too): the finished request's store copies
+    block 1, whose last slot the rejected draft wrote, and the content model names
+    the block."""
+    if not STORES_PAST_IT:
+        past = "max(req.num_prompt_tokens, req.num_tokens)"
+        build = OffloadingConnectorScheduler._build_store_jobs
+        also = [(ALSO_COMPUTED, "req.num_tokens,")] if ALSO_COMPUTED in getsource(build) else []
+        _plant(
+            monkeypatch,
+            OffloadingConnectorScheduler,
+            "_build_store_jobs",
+            COMMIT_POINT,
+            past,
+            *also,
+        )
+    e, r = _last_token_after_rejected_drafts()
+    with pytest.raises(ContentViolation) as caught:
+        e.run()
+        e.drain()  # the final store is built in the step after the request finished
+    assert f"({r!r}, 0, 1, 7), not the data of its key" in str(caught.value)
