@@ -58,7 +58,6 @@ __all__ = [
     "SHORTER_HIT",
     "STRANDED_FINISHED_LOAD",
     "UNALIGNED_HIT",
-    "Speculation",
     "UNSTORED_SLOT",
     "ContentViolation",
     "Delay",
@@ -67,6 +66,7 @@ __all__ = [
     "FenceOffloadingSpec",
     "Layout",
     "Plan",
+    "Speculation",
     "StepRecord",
     "vllm_config",
 ]
@@ -163,8 +163,7 @@ class FenceEngine:
             # the drafts of an async step reach the scheduler through the model
             # runner's next output, which the harness does not play
             raise ValueError(
-                "speculation with async_scheduling=True is not modelled: "
-                "use async_scheduling=False"
+                "speculation with async_scheduling=True is not modelled: use async_scheduling=False"
             )
         self.blocks_per_chunk = blocks_per_chunk
         self.async_scheduling = async_scheduling

@@ -98,7 +98,7 @@ def test_a_final_store_past_the_commit_point_reads_a_rejected_draft(
             *also,
         )
     e, r = _last_token_after_rejected_drafts()
+    e.run()  # ends as the request finishes; its final store is built in the next step
     with pytest.raises(ContentViolation) as caught:
-        e.run()
-        e.drain()  # the final store is built in the step after the request finished
+        e.drain()
     assert f"({r!r}, 0, 1, 7), not the data of its key" in str(caught.value)
