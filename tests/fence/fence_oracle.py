@@ -355,9 +355,13 @@ def committed(engine: Any, request: Any) -> int:
     """The tokens of ``request`` whose KV a store may read once the step's output is
     in: those it computed. With speculative decoding (a synchronous engine, so the
     count is the step's, rejected drafts rolled back), at most all but its last token,
-    vLLM's commit point: a request that stops inside a step's accepted drafts counts
-    as computed the drafts its output then drops, and vLLM's final store keeps to
-    its tokens less the last, whose slot may hold a rejected draft's KV."""
+    vLLM's commit point: a request that stops inside a step's accepted drafts still
+    counts as computed the drafts its output then drops on 0.30.0 (0.33.0 and 0.34.0
+    count its tokens less the last), and the GPU prefix cache does not keep the block
+    its last token ends, nor does the final store from 0.30.0 on (a scratch probe,
+    2026-12-06: a 2-token prompt answered with 2 tokens, the second an accepted
+    draft, on 0.28.0, 0.30.0, 0.33.0 and 0.34.0; 0.28.0's final store keeps it, as
+    final-store-uncomputed-token has it store every last block)."""
     if engine.speculation is None:
         return int(request.num_computed_tokens)
     return min(request.num_computed_tokens, request.num_tokens - 1)
