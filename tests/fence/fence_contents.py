@@ -306,17 +306,24 @@ class Contents:
                     self.write(table[index], tag, step, f"a remote load for {req_id}")
 
     def forward(
-        self, output: SchedulerOutput, step: int, accepted: Mapping[str, int] | None = None
+        self,
+        output: SchedulerOutput,
+        step: int,
+        accepted: Mapping[str, int] | None = None,
+        shift: Mapping[str, int] | None = None,
     ) -> None:
         """The forward pass: write each computed block's tag. Of a request's
         scheduled draft tokens, those past the first ``accepted[request]`` are
         rejected: their positions hold KV of tokens the request never has, so a block
         they alone write holds :class:`Rejected`, and one they share with accepted
-        positions is written only up to the last accepted one."""
+        positions is written only up to the last accepted one. ``shift[request]``:
+        the rejected drafts of the step before that the scheduler still counts
+        computed (an async step), by which the tokens land lower than it counts."""
         accepted = accepted or {}
+        shift = shift or {}
         for req_id, n in output.num_scheduled_tokens.items():
             request = self.engine.requests[req_id]
-            end = request.num_computed_tokens
+            end = request.num_computed_tokens - shift.get(req_id, 0)
             start = end - n
             drafts = len(output.scheduled_spec_decode_tokens.get(req_id, ()))
             valid = end - drafts + accepted.get(req_id, 0)  # the accepted positions' end

@@ -159,12 +159,6 @@ class FenceEngine:
         post_step_fns: Sequence[Callable[[FenceEngine], None]] = (),
         strict_contents: bool = True,
     ) -> None:
-        if speculation is not None and async_scheduling:
-            # the drafts of an async step reach the scheduler through the model
-            # runner's next output, which the harness does not play
-            raise ValueError(
-                "speculation with async_scheduling=True is not modelled: use async_scheduling=False"
-            )
         self.blocks_per_chunk = blocks_per_chunk
         self.async_scheduling = async_scheduling
         self.speculation = speculation
@@ -303,10 +297,17 @@ class FenceEngine:
         try:
             record = self.scheduler_side.schedule(self.step_no)
             runner_output = self.worker_side.execute(
-                record.output, self.step_no, self.contents, self.speculation
+                record.output,
+                self.step_no,
+                self.contents,
+                self.speculation,
+                behind=self.scheduler_side.output_pending,
             )
             self.scheduler_side.update(record.output, runner_output)
-            if self.speculation is not None:  # the engine core's post-step
+            self.worker_side.counted()
+            # the engine core's post-step: an async step's drafts stay with the runner
+            # (the scheduler schedules placeholders for them)
+            if self.speculation is not None and not self.async_scheduling:
                 drafts = self.worker_side.drafts(record.output, self.step_no, self.speculation)
                 self.scheduler.update_draft_token_ids(drafts)
             for fn in self.post_step_fns:

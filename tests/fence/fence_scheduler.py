@@ -176,6 +176,11 @@ class SchedulerSide:
         else:
             self.scheduler.update_from_output(output, runner_output)
 
+    @property
+    def output_pending(self) -> bool:
+        """Whether the last step's output is not taken yet (async scheduling)."""
+        return self._pending_output is not None
+
     def flush_async_output(self) -> None:
         if self._pending_output is not None:
             output, runner_output = self._pending_output

@@ -82,6 +82,10 @@ class WorkerSide:
         second_rank_writes: bool = True,
     ) -> None:
         self.requests = requests
+        # per request of the last step executed, the drafts it rejected and the
+        # tokens the scheduler counted computed at that step's end (those drafts
+        # among them, until it takes the step's output)
+        self.rejected: dict[str, tuple[int, int]] = {}
         worker_cls = MultiConnector if remote_source else OffloadingConnector
         self.connector = worker_cls(config.vllm, KVConnectorRole.WORKER, config.kv_cache)
         caches = {
@@ -138,11 +142,21 @@ class WorkerSide:
         step: int,
         contents: Contents,
         speculation: Speculation | None = None,
+        *,
+        behind: bool = False,
     ) -> ModelRunnerOutput:
-        """One step, in the model runner's order."""
+        """One step, in the model runner's order. ``behind``: the scheduler has not
+        taken the previous step's output yet (an async step), so it counts that
+        step's rejected drafts as computed: the runner, which knows them, computes
+        each request's tokens that many positions lower (:attr:`rejected`)."""
+        shift = self._shift(output) if behind else {}
         # how many of its scheduled drafts the target model accepts, per request
         accepted = {
             req_id: speculation.accepted(req_id, step, len(drafts)) if speculation else 0
+            for req_id, drafts in output.scheduled_spec_decode_tokens.items()
+        }
+        self.rejected = {
+            req_id: (len(drafts) - accepted[req_id], -1)  # counted: see counted()
             for req_id, drafts in output.scheduled_spec_decode_tokens.items()
         }
         meta = output.kv_connector_metadata
@@ -153,7 +167,7 @@ class WorkerSide:
         self.connector.handle_preemptions(meta)
         self.connector.bind_connector_metadata(meta)
         self.connector.start_load_kv(self._ctx)
-        contents.forward(output, step, accepted)
+        contents.forward(output, step, accepted, shift)
         self.connector.wait_for_save()
         self.worker.tick()
         finished_sending, finished_recving = self.connector.get_finished(output.finished_req_ids)
@@ -168,7 +182,25 @@ class WorkerSide:
             finished_recving=finished_recving or None,
             kv_connector_worker_meta=worker_meta,
         )
-        return self._runner_output(output, kv_output, accepted)
+        return self._runner_output(output, kv_output, accepted, shift)
+
+    def counted(self) -> None:
+        """Once the step's output went to the scheduler (async: the step before's),
+        note the tokens it counts computed for each request that rejected drafts."""
+        for req_id, (rejected, _) in self.rejected.items():
+            self.rejected[req_id] = (rejected, self.requests[req_id].num_computed_tokens)
+
+    def _shift(self, output: SchedulerOutput) -> dict[str, int]:
+        """Per request of this step, the drafts the step before rejected that the
+        scheduler still counts computed: those of a request this step goes on from
+        where the step before left its count (one preempted between, say, starts
+        again from its real tokens)."""
+        shift = {}
+        for req_id, n in output.num_scheduled_tokens.items():
+            rejected, counted = self.rejected.get(req_id, (0, None))
+            if rejected and self.requests[req_id].num_computed_tokens - n == counted:
+                shift[req_id] = rejected
+        return shift
 
     def drafts(self, output: SchedulerOutput, step: int, speculation: Speculation) -> DraftTokenIds:
         """The drafter's proposals after step ``step``, for each request of its batch
@@ -182,7 +214,11 @@ class WorkerSide:
         return DraftTokenIds(req_ids=req_ids, draft_token_ids=proposed)
 
     def _runner_output(
-        self, output: SchedulerOutput, kv_output: KVConnectorOutput, accepted: Mapping[str, int]
+        self,
+        output: SchedulerOutput,
+        kv_output: KVConnectorOutput,
+        accepted: Mapping[str, int],
+        shift: Mapping[str, int],
     ) -> ModelRunnerOutput:
         req_ids = list(output.num_scheduled_tokens)
         sampled: list[list[int]] = []
@@ -195,11 +231,17 @@ class WorkerSide:
                 # samples for a request whose tokens this step leaves uncomputed
                 sampled.append([])
             elif req_id in accepted:
-                # the drafts it accepts, then the target model's own next token
-                drafts = list(output.scheduled_spec_decode_tokens[req_id])
+                # the drafts it accepts, then the target model's own next token (an
+                # async step's drafts are placeholders here: the runner's own ids)
+                drafts = len(output.scheduled_spec_decode_tokens[req_id])
                 kept = accepted[req_id]
-                bonus = computed - len(drafts) + kept  # that token's position
-                sampled.append([*drafts[:kept], _token(req_id, bonus)])
+                bonus = computed - shift.get(req_id, 0) - drafts + kept  # its position
+                sampled.append(
+                    [
+                        *map(_draft, [req_id] * kept, range(bonus - kept, bonus)),
+                        _token(req_id, bonus),
+                    ]
+                )
             else:
                 sampled.append([_token(req_id, computed)])
         # vLLM 0.28.0-0.33.0 also take each request's index; 0.34.0 reads it off req_ids

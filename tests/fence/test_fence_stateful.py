@@ -539,25 +539,20 @@ ACCEPTANCE = ("random", "random", "all", "none")
 
 
 class SpeculativeMachine(FenceMachine):
-    """FenceMachine's rules, every program with speculative decoding: after each step
-    the drafter proposes up to ``spec_tokens`` tokens per request, and the step that
-    verifies them accepts a prefix of them (``acceptance``). The scheduler then
-    schedules the drafts, allocates their slots, and rolls back its count of computed
-    tokens by those rejected, whose KV stays in their slots until overwritten (the
-    content model's :class:`~fence_contents.Rejected`): a store that read such a slot,
-    or a draft written into a block a store still reads, is a content violation.
-    Synchronous scheduling only: the harness does not play how an async step's
-    drafts reach the scheduler."""
+    """FenceMachine's rules, every program with speculative decoding: each step
+    schedules up to ``spec_tokens`` drafts per decoding request and accepts a prefix
+    of them (``acceptance``). The scheduler allocates the drafts' slots and rolls back
+    its count of computed tokens by those rejected, whose KV stays in their slots
+    until overwritten (the content model's :class:`~fence_contents.Rejected`): a store
+    that read such a slot, or a draft written into a block a store still reads, is a
+    content violation. Synchronous engines hand the scheduler the drafter's proposals
+    after each step (as many as it draws); an async step schedules placeholders for
+    all of them, and the runner computes the next step's tokens as many positions
+    lower as the scheduler, a step behind, still counts rejected ones computed."""
 
     @precondition(lambda self: self.engine is None)
     @rule(
-        **{
-            name: draw
-            for name, draw in _start_draws(
-                st.deferred(lambda: st.sampled_from(FENCE_RETENTION))
-            ).items()
-            if name != "async_scheduling"
-        },
+        **_start_draws(st.deferred(lambda: st.sampled_from(FENCE_RETENTION))),
         spec_tokens=st.integers(1, 3),
         acceptance=st.sampled_from(ACCEPTANCE),
     )
@@ -572,7 +567,7 @@ class SpeculativeMachine(FenceMachine):
         speculation = Speculation(
             spec_tokens, lambda req_id, step: rng.randint(0, spec_tokens), accepted
         )
-        super().start(**drawn, async_scheduling=False, speculation=speculation)
+        super().start(**drawn, speculation=speculation)
 
 
 def test_random_workloads_keep_every_fence_invariant_with_speculative_decoding() -> None:
@@ -903,7 +898,7 @@ def test_teardown_leaves_an_engine_whose_step_raised_as_it_is() -> None:
     assert engine is not None
     execute = engine.worker_side.execute
 
-    def fails_once(*args: Any) -> Any:
+    def fails_once(*args: Any, **kwargs: Any) -> Any:
         engine.worker_side.execute = execute  # type: ignore[method-assign]
         raise RuntimeError("a step's failure")
 
