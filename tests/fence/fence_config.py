@@ -252,7 +252,8 @@ def vllm_config(
 
     With ``spec_tokens``, speculative decoding of up to that many draft tokens per
     step, by vLLM's n-gram method (no draft model to load): the scheduler schedules
-    the drafts the engine hands it and takes back what the target model accepted."""
+    the drafts the engine hands it (async: placeholders of its own) and takes back
+    what the target model accepted."""
     if remote_source and kv_role != "kv_both":
         raise ValueError(
             f"remote_source loads KV from another connector, which a {kv_role} "

@@ -353,8 +353,8 @@ def _full_tables(output: Any) -> set[str]:
 
 def committed(engine: Any, request: Any) -> int:
     """The tokens of ``request`` whose KV a store may read once the step's output is
-    in: those it computed. With speculative decoding (a synchronous engine, so the
-    count is the step's, rejected drafts rolled back), at most all but its last token,
+    in: those it computed. With speculative decoding (rejected drafts rolled back once
+    the scheduler takes a step's output), at most all but its last token,
     vLLM's commit point: a request that stops inside a step's accepted drafts still
     counts as computed the drafts its output then drops on 0.30.0 (0.33.0 and 0.34.0
     count its tokens less the last), and the GPU prefix cache does not keep the block

@@ -82,10 +82,11 @@ class WorkerSide:
         second_rank_writes: bool = True,
     ) -> None:
         self.requests = requests
-        # per request of the last step executed, the drafts it rejected and the
+        # per request of the last step executed, the drafts it rejected, and the
         # tokens the scheduler counted computed at that step's end (those drafts
-        # among them, until it takes the step's output)
-        self.rejected: dict[str, tuple[int, int]] = {}
+        # among them, until it takes the step's output: see counted())
+        self.rejected: dict[str, int] = {}
+        self.counts: dict[str, int] = {}
         worker_cls = MultiConnector if remote_source else OffloadingConnector
         self.connector = worker_cls(config.vllm, KVConnectorRole.WORKER, config.kv_cache)
         caches = {
@@ -156,7 +157,7 @@ class WorkerSide:
             for req_id, drafts in output.scheduled_spec_decode_tokens.items()
         }
         self.rejected = {
-            req_id: (len(drafts) - accepted[req_id], -1)  # counted: see counted()
+            req_id: len(drafts) - accepted[req_id]
             for req_id, drafts in output.scheduled_spec_decode_tokens.items()
         }
         meta = output.kv_connector_metadata
@@ -187,20 +188,19 @@ class WorkerSide:
     def counted(self) -> None:
         """Once the step's output went to the scheduler (async: the step before's),
         note the tokens it counts computed for each request that rejected drafts."""
-        for req_id, (rejected, _) in self.rejected.items():
-            self.rejected[req_id] = (rejected, self.requests[req_id].num_computed_tokens)
+        self.counts = {r: self.requests[r].num_computed_tokens for r in self.rejected}
 
     def _shift(self, output: SchedulerOutput) -> dict[str, int]:
         """Per request of this step, the drafts the step before rejected that the
         scheduler still counts computed: those of a request this step goes on from
         where the step before left its count (one preempted between, say, starts
         again from its real tokens)."""
-        shift = {}
-        for req_id, n in output.num_scheduled_tokens.items():
-            rejected, counted = self.rejected.get(req_id, (0, None))
-            if rejected and self.requests[req_id].num_computed_tokens - n == counted:
-                shift[req_id] = rejected
-        return shift
+        return {
+            req_id: self.rejected[req_id]
+            for req_id, n in output.num_scheduled_tokens.items()
+            if self.rejected.get(req_id)
+            and self.requests[req_id].num_computed_tokens - n == self.counts.get(req_id)
+        }
 
     def drafts(self, output: SchedulerOutput, step: int, speculation: Speculation) -> DraftTokenIds:
         """The drafter's proposals after step ``step``, for each request of its batch
@@ -236,12 +236,8 @@ class WorkerSide:
                 drafts = len(output.scheduled_spec_decode_tokens[req_id])
                 kept = accepted[req_id]
                 bonus = computed - shift.get(req_id, 0) - drafts + kept  # its position
-                sampled.append(
-                    [
-                        *map(_draft, [req_id] * kept, range(bonus - kept, bonus)),
-                        _token(req_id, bonus),
-                    ]
-                )
+                kept_drafts = [_draft(req_id, p) for p in range(bonus - kept, bonus)]
+                sampled.append([*kept_drafts, _token(req_id, bonus)])
             else:
                 sampled.append([_token(req_id, computed)])
         # vLLM 0.28.0-0.33.0 also take each request's index; 0.34.0 reads it off req_ids
