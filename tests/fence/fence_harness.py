@@ -86,7 +86,8 @@ RELEASE_TOLERANCE: frozenset[str] = (
 # A vLLM bug (0.28.0-0.30.0, reported upstream in 2026-09): the waiting loop serves the
 # queue of skipped requests from its head and ends at the first request that gets no
 # blocks, so a request behind it whose load has finished, holding its blocks, is never
-# promoted; with nothing running, nothing frees a block, and the engine stops
+# promoted (or, promoted in a step whose allocation failed, never scheduled); with
+# nothing running, nothing frees a block, and the engine stops
 # (docs/vllm-bug-stranded-finished-load.md). A drain that meets it on a release with
 # the bug, where the engine tolerates it, ends there and records it.
 STRANDED_FINISHED_LOAD = "a finished load stranded behind a waiting head that gets no blocks"
@@ -368,7 +369,13 @@ class FenceEngine:
         """The shape of STRANDED_FINISHED_LOAD, if the engine is in it now: nothing
         running and no transfer in flight, and in the waiting queues (the skipped ones
         first, as FCFS serves them) a request whose load has finished behind a head
-        that holds no blocks; else None."""
+        that holds no blocks; else None.
+
+        The loaded request is either still WAITING_FOR_REMOTE_KVS, its id among the
+        finished receives, or already promoted (to WAITING, or PREEMPTED if it was
+        preempted before) in a pass whose allocation for it then failed: a waiting
+        request that holds blocks got them from an asynchronous load, the only
+        allocation that leaves a request waiting."""
         scheduler = self.scheduler
         if scheduler.running or self.worker_side.busy():
             return None
@@ -383,11 +390,15 @@ class FenceEngine:
         ):
             return None
         finished = getattr(scheduler, "finished_recving_kv_req_ids", set())
-        loaded = [
-            q.request_id
-            for q in behind
-            if q.status == RequestStatus.WAITING_FOR_REMOTE_KVS and q.request_id in finished
-        ]
+        loaded = []
+        for q in behind:
+            if q.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                if q.request_id in finished:
+                    loaded.append(q.request_id)
+            elif q.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED) and any(
+                manager.get_block_ids(q.request_id)
+            ):
+                loaded.append(f"{q.request_id} (promoted to {q.status.name})")
         if not loaded:
             return None
         return (

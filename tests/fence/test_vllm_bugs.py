@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from fence_config import Role
-from fence_findings import at_least, has_bug, known_bug
+from fence_findings import VLLM_VERSION, at_least, has_bug, known_bug
 from fence_harness import (
     EAGLE_POPPED,
     FINAL_SLIDING_WINDOW_TAIL,
@@ -739,6 +739,96 @@ def test_a_drain_stranded_without_tolerance_names_the_shape() -> None:
         return
     with pytest.raises(AssertionError, match=r"did not drain .*finished loading"):
         engine.drain()
+
+
+def _promoted_program() -> FenceMachine:
+    """A hunt's program on 0.30.0 (2026-12-06, seed 3124662544), shrunk: one rank, the
+    mixed layout with an EAGLE drafter, chunks of one block, dense retention, async
+    scheduling, a pool sized for the longest request alone. r17, preempted before, gets
+    a CPU-tier hit, loads it, and is promoted (to PREEMPTED, holding its 6 blocks) in a
+    step whose allocation for it fails; r16, skipped in that step, is put back ahead of
+    it, and needs 12 blocks of the 10 left free. Measured on 0.30.0 under string hash
+    seeds 0, 1, 2 and the hunt's; 0.28.0 and 0.29.0 schedule it otherwise and drain."""
+    a, d = tuple(range(1, 9)), tuple(range(100, 112))
+    state = FenceMachine()
+    state.start(
+        async_scheduling=True,
+        block_sizes=(4, 4),
+        blocks_per_chunk=1,
+        cpu_chunks=16,
+        delays=[0, 4, None, None, None, None],
+        eagle=True,
+        enabled=[False, False, False, False],
+        kv_role="kv_both",
+        layout="mixed",
+        ranks="one",
+        remote_source=False,
+        retention=None,
+        second_worker_lag=0,
+        seed=1423,
+        spare_blocks=0,
+        window_blocks=3,
+    )
+
+    def add(**drawn: Any) -> None:
+        state.add_request(remote_blocks=0, **drawn)
+
+    add(max_tokens=1, prefix=a[:4], tail=0)
+    state.follow_up(tail=3, wait=2)
+    state.step(steps=1)
+    state.follow_up(tail=2, wait=4)
+    add(max_tokens=2, prefix=(), tail=7)
+    add(max_tokens=3, prefix=a, tail=3)
+    state.step(steps=1)
+    add(max_tokens=6, prefix=(), tail=9)
+    add(max_tokens=9, prefix=a, tail=5)
+    state.step(steps=2)
+    add(max_tokens=1, prefix=a, tail=4)
+    state.step(steps=4)
+    state.follow_up(tail=0, wait=1)
+    state.follow_up(tail=0, wait=3)
+    state.step(steps=4)
+    add(max_tokens=3, prefix=d, tail=10)
+    state.step(steps=8)
+    add(max_tokens=9, prefix=a[:4], tail=5)
+    add(max_tokens=1, prefix=(), tail=8)
+    add(max_tokens=4, prefix=a, tail=1)
+    state.follow_up(tail=0, wait=4)
+    state.step(steps=7)
+    add(max_tokens=10, prefix=(), tail=8)
+    state.step(steps=13)
+    add(max_tokens=1, prefix=d, tail=9)
+    state.step(steps=5)
+    add(max_tokens=2, prefix=a, tail=8)
+    state.step(steps=4)
+    add(max_tokens=1, prefix=(), tail=0)
+    return state
+
+
+def test_a_load_promoted_then_stranded_is_the_same_bug() -> None:
+    """The registered shape covers a loaded request already promoted: where this
+    program strands (0.30.0) the tolerance ends its drain and names r17 as promoted;
+    untolerated, the drain fails and says so. Elsewhere it drains."""
+    state = _promoted_program()
+    engine = state.engine
+    assert engine is not None
+    if VLLM_VERSION.split("+", 1)[0] != "0.30.0":
+        state.teardown()
+        assert engine.stranded is None
+        assert engine.fence == {}
+        return
+    assert has_bug("stranded-finished-load")
+    engine.tolerate = frozenset()
+    with pytest.raises(AssertionError, match=r"r16 \(WAITING, no blocks\) heads"):
+        engine.drain()
+    shape = (
+        "r16 (WAITING, no blocks) heads the waiting queues, and r17 (promoted to "
+        "PREEMPTED) behind it, holding blocks, finished loading"
+    )
+    assert engine.stranded_load() == shape
+    engine.tolerate = frozenset({STRANDED_FINISHED_LOAD})
+    engine.drain()
+    assert (engine.stranded, engine.known_bug_hits) == (shape, [(STRANDED_FINISHED_LOAD, -1)])
 
 
 WINDOW_ZEROING_REPORT = "docs/vllm-bug-window-zeroing-drops-live-chunks.md"
