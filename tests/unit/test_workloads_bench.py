@@ -18,6 +18,8 @@ def test_the_timed_tests_are_each_trees_own_random_workloads(project_root: Path)
         "tests/fence/test_fence_stateful.py::test_random_workloads_with_an_external_load_past_the_window",
         "tests/fence/test_fence_stateful.py::test_random_workloads_in_the_window_layouts",
         "tests/fence/test_fence_recurrent.py::test_random_recurrent_workloads_keep_every_fence_invariant",
+        "tests/fence/test_fence_stateful.py::"
+        "test_random_workloads_keep_every_fence_invariant_with_speculative_decoding",
     ]
 
 
