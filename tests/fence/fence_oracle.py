@@ -494,6 +494,10 @@ class StoreLiveness:
 # connector zeroed in a request's pending positions although it was never stale.
 HIT_TAKEN_FOR_REUSED = "window chunk dropped: a block still held zeroed as if reused"
 FINISHED_CHUNK_ZEROED = "window chunk dropped: a finished request's freed block zeroed"
+# draft-completed-window-chunk-dropped: a chunk whose last token an accepted draft
+# computed is first offered a step later, and the window has by then freed its block,
+# handed it out again and zeroed it
+DRAFTED_CHUNK_ZEROED = "window chunk dropped: completed by drafts, its block freed before the store"
 # resumed-junction-chunk-never-offered: a resumed request keeps its store frontier, and
 # a junction its new lookup found below it is never offered
 RESUMED_JUNCTION = "junction chunk never offered: below a resumed request's store frontier"
@@ -520,7 +524,9 @@ class WindowLiveness(StoreLiveness):
 
     ``tolerate`` (labels above): where vLLM zeroes a block that is not stale, the chunk
     holding it is dropped; a missing chunk with such a block is recorded in the
-    engine's ``known_bug_hits``, not reported.
+    engine's ``known_bug_hits``, not reported. With :data:`DRAFTED_CHUNK_ZEROED`, so is
+    a missing chunk whose last token was an accepted draft (the step scheduled it as a
+    draft) and one of whose blocks was zeroed after the request let it go.
     """
 
     INVARIANT = "L2 sliding-window chunks at hit boundaries are offered to the tier"
@@ -547,6 +553,8 @@ class WindowLiveness(StoreLiveness):
         self.block_ids: dict[str, list[int]] = {}
         self.finished: set[str] = set()
         self.zeroed: dict[str, dict[int, tuple[bool, bool]]] = {}
+        # per request, the held chunks whose last token a draft computed
+        self.drafted: dict[str, set[int]] = {}
 
     def __call__(self, engine: Any) -> None:
         self._record_keys(engine)
@@ -557,14 +565,19 @@ class WindowLiveness(StoreLiveness):
         starts = {new.req_id: new.num_computed_tokens for new in output.scheduled_new_reqs}
         cached = output.scheduled_cached_reqs
         starts.update(zip(cached.req_ids, cached.num_computed_tokens, strict=False))
+        drafts = output.scheduled_spec_decode_tokens
         for req_id, scheduled in output.num_scheduled_tokens.items():
             start = starts[req_id]
             end = start + scheduled
             if engine.speculation is not None:  # less the drafts this step rejected
                 end = min(end, committed(engine, engine.requests[req_id]))
+            # the positions past this one the step scheduled as drafts
+            own_end = start + scheduled - len(drafts.get(req_id, ()))
             held = self.computed_at.setdefault(req_id, {})
             for chunk in self._held_chunks(engine, req_id, start, end):
                 held.setdefault(chunk, engine.step_no)
+                if (chunk + 1) * self.chunk_tokens > own_end:
+                    self.drafted.setdefault(req_id, set()).add(chunk)
 
     def _held_chunks(self, engine: Any, req_id: str, start: int, end: int) -> Iterable[int]:
         """The chunks ending at a boundary whose last token this step computes for
@@ -619,9 +632,12 @@ class WindowLiveness(StoreLiveness):
                         zeroed[position] = (False, True)
         self.finished = {r for r, q in engine.requests.items() if q.is_finished()}
 
-    def _dropped_by(self, shapes: Iterable[tuple[bool, bool] | None]) -> str | None:
+    def _dropped_by(
+        self, shapes: Iterable[tuple[bool, bool] | None], drafted: bool = False
+    ) -> str | None:
         """The tolerated bug that dropped a chunk, from how its positions were zeroed
-        (still held, finished), in position order; None if none did."""
+        (still held, finished), in position order, and whether a draft computed its
+        last token; None if none did."""
         for shape in shapes:
             if shape is None:
                 continue
@@ -630,6 +646,8 @@ class WindowLiveness(StoreLiveness):
                 return HIT_TAKEN_FOR_REUSED
             if finished and FINISHED_CHUNK_ZEROED in self.tolerate:
                 return FINISHED_CHUNK_ZEROED
+            if drafted and not held and DRAFTED_CHUNK_ZEROED in self.tolerate:
+                return DRAFTED_CHUNK_ZEROED
         return None
 
     def reported(self, engine: Any, req_id: str, missing: list[int]) -> list[int]:
@@ -640,7 +658,8 @@ class WindowLiveness(StoreLiveness):
         for chunk in sorted(set(missing) - self.with_null.get(req_id, set())):
             first = chunk * self.blocks_per_chunk
             label = self._dropped_by(
-                zeroed.get(p) for p in range(first, first + self.blocks_per_chunk)
+                (zeroed.get(p) for p in range(first, first + self.blocks_per_chunk)),
+                drafted=chunk in self.drafted.get(req_id, ()),
             )
             if label is None:
                 left.append(chunk)

@@ -44,6 +44,7 @@ from fence_harness import (
     Speculation,
 )
 from fence_oracle import (
+    DRAFTED_CHUNK_ZEROED,
     FINISHED_CHUNK_ZEROED,
     HIT_TAKEN_FOR_REUSED,
     RESUMED_JUNCTION,
@@ -142,11 +143,14 @@ UNALIGNED_TOLERANCE = (
     (UNALIGNED_HIT,) if has_bug("unaligned-hybrid-hit-reads-unstored-block") else ()
 )
 # The releases whose connector zeroes a sliding-window block that is not stale, and so
-# drops the chunk holding it (docs/vllm-bug-window-zeroing-drops-live-chunks.md): the
-# window liveness check (WindowLiveness) records such a chunk there, not reports it.
+# drops the chunk holding it (docs/vllm-bug-window-zeroing-drops-live-chunks.md), or
+# offers a chunk that accepted drafts completed only after the window freed its block
+# (docs/vllm-bug-draft-completed-window-chunk-dropped.md): the window liveness check
+# (WindowLiveness) records such a chunk there, not reports it.
 WINDOW_TOLERANCE = (
     *((HIT_TAKEN_FOR_REUSED,) if has_bug("prefix-hit-taken-for-reused-window-block") else ()),
     *((FINISHED_CHUNK_ZEROED,) if has_bug("finished-window-chunk-dropped") else ()),
+    *((DRAFTED_CHUNK_ZEROED,) if has_bug("draft-completed-window-chunk-dropped") else ()),
 )
 # A release with resumed-junction-chunk-never-offered keeps a resumed request's store
 # frontier, so the window chunk at a junction its new lookup found below it is never
