@@ -1072,24 +1072,29 @@ def test_the_window_liveness_check_names_each_dropped_chunk(program: str, tolera
 
 def _drafts_complete_a_window_chunk(liveness: WindowLiveness, drafts: int = 2) -> FenceEngine:
     """The mixed layout, full attention in 4-token blocks and a one-block window of
-    2-token blocks, chunks of one block, dense retention; ``drafts`` drafts a step, all
-    accepted. A 2-token prompt answered with 6 tokens: step 2 computes position 2 and
-    the drafts at 3 and 4, so window chunk 1 (positions 2-3), which a hit ending at
-    token 4 reads, is complete once step 2 has run. Step 3 computes from position 5,
-    whose window starts at 4: the window frees chunk 1's block in that step's
-    allocation, before the connector builds that step's store."""
+    2-token blocks, chunks of one block, dense retention, a pool of 8 blocks;
+    ``drafts`` drafts a step, all accepted. r0, a 2-token prompt answered with 6
+    tokens: step 2 computes position 2 and the drafts at 3 and 4, so window chunk 1
+    (positions 2-3), which a hit ending at token 4 reads, is complete once step 2 has
+    run. Step 3 computes from position 5, whose window starts at 4: the window frees
+    chunk 1's block in that step's allocation, before the connector builds the step's
+    store, and r1 (a 4-token prompt arriving then) is allocated it in the same step."""
     accept_all = Speculation(2, lambda req_id, step: drafts, lambda req_id, step, n: n)
     e = FenceEngine(
         layout="mixed",
         block_size=4,
         sliding_block_size=2,
         window_blocks=1,
+        num_gpu_blocks=8,
         retention_interval=None,
         speculation=accept_all,
         post_step_fns=[liveness],
     )
     liveness.attach(e)
     e.add_request([0, 1], max_tokens=6)
+    e.step()
+    e.step()
+    e.add_request([100, 101, 102, 103], max_tokens=1)
     e.run()
     e.drain()
     return e
@@ -1099,7 +1104,7 @@ def _drafts_complete_a_window_chunk(liveness: WindowLiveness, drafts: int = 2) -
     "draft-completed-window-chunk-dropped",
     raises=AssertionError,
     reason="the store caps a running request at its tokens, which the step's drafts "
-    "are not yet, and the next step's window frees the chunk's block first",
+    "are not yet, and the next step's window frees the chunk's block, handed on at once",
 )
 def test_a_window_chunk_completed_by_accepted_drafts_is_offered() -> None:
     liveness = WindowLiveness(1, 2, 4, 1, coarse=False)
