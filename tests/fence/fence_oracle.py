@@ -571,7 +571,8 @@ class WindowLiveness(StoreLiveness):
             end = start + scheduled
             if engine.speculation is not None:  # less the drafts this step rejected
                 end = min(end, committed(engine, engine.requests[req_id]))
-            # the positions past this one the step scheduled as drafts
+            # where the step's tokens that are not drafts end: a held chunk ending past
+            # it was completed by an accepted draft
             own_end = start + scheduled - len(drafts.get(req_id, ()))
             held = self.computed_at.setdefault(req_id, {})
             for chunk in self._held_chunks(engine, req_id, start, end):
