@@ -64,6 +64,10 @@ _KV_CACHE_CONFIG_FIELDS = {f.name for f in dataclasses.fields(KVCacheConfig)}
 # names the layers that share it (``shared_by``). See :func:`kv_cache_tensor`.
 _KV_CACHE_TENSOR_FIELDS = {f.name for f in dataclasses.fields(KVCacheTensor)}
 
+# vLLM 0.34.0 on can fold the next token into an EAGLE drafter block's hash (lookahead
+# block hashes), unless the speculative config disables it. See :func:`vllm_config`.
+_SPECULATIVE_FIELDS = {f.name for f in dataclasses.fields(SpeculativeConfig)}
+
 Layout = Literal["full", "sliding", "mixed"]
 # The connector's role. A consumer (``kv_both``, what vLLM's examples give the
 # OffloadingConnector) makes an engine with steps in flight defer freeing a request's
@@ -146,6 +150,7 @@ def engine_config(
         block_size=block_size,
         num_gpu_blocks=num_gpu_blocks,
         retention_interval=retention_interval,
+        eagle=eagle,
         **options,
     )
     retention: dict[str, Any] = {}
@@ -204,7 +209,8 @@ def kv_cache_groups(
             sliding_window=window_blocks * sliding_block_size,
             **common,  # type: ignore[arg-type]
         ),
-        # an EAGLE drafter's group, as the model runner tags it; no drafter runs
+        # an EAGLE drafter's group, as the model runner tags it (vllm_config gives the
+        # scheduler the drafter's speculative config)
         is_eagle_group=eagle,
     )
     return {"full": [full], "sliding": [sliding], "mixed": [full, sliding]}[layout]
@@ -240,6 +246,7 @@ def vllm_config(
     retention_interval: int | None = 0,
     kv_role: Role = "kv_both",
     spec_tokens: int = 0,
+    eagle: bool = False,
 ) -> VllmConfig:
     """A real vLLM config with the OffloadingConnector over
     :class:`fence_transfers.FenceOffloadingSpec`.
@@ -253,7 +260,15 @@ def vllm_config(
     With ``spec_tokens``, speculative decoding of up to that many draft tokens per
     step, by vLLM's n-gram method (no draft model to load): the scheduler schedules
     the drafts the engine hands it (async: placeholders of its own) and takes back
-    what the target model accepted."""
+    what the target model accepted.
+
+    With ``eagle``, the speculative config is an EAGLE drafter's (one draft token
+    unless ``spec_tokens`` says more), as the core scheduler reads it: it drops the
+    last block of a prefix-cache hit for the drafter's group and reserves lookahead
+    slots. vLLM builds an EAGLE config from a draft model's, which an offline run
+    does not have, so the config is the n-gram one with its method set to ``eagle``
+    after validation; the scheduler and the connector read only the method and the
+    token count (the harness plays the model runner, drafter included)."""
     if remote_source and kv_role != "kv_both":
         raise ValueError(
             f"remote_source loads KV from another connector, which a {kv_role} "
@@ -310,13 +325,22 @@ def vllm_config(
     )
     config.parallel_config.world_size = workers
     config.scheduler_config.async_scheduling = async_scheduling
-    if spec_tokens:
-        config.speculative_config = SpeculativeConfig(
+    if spec_tokens or eagle:
+        tokens = spec_tokens or 1
+        speculative = SpeculativeConfig(
             method="ngram",
-            num_speculative_tokens=spec_tokens,
-            prompt_lookup_max=spec_tokens,
+            num_speculative_tokens=tokens,
+            prompt_lookup_max=tokens,
             prompt_lookup_min=1,
             target_model_config=model,
             target_parallel_config=config.parallel_config,
         )
+        if eagle:
+            object.__setattr__(speculative, "method", "eagle")
+            if "disable_lookahead_block_hashes" in _SPECULATIVE_FIELDS:
+                # vLLM 0.34.0 on: lookahead block hashes (the next token folded into a
+                # drafter block's hash, no hit block dropped) are not modelled; the
+                # harness runs EAGLE as vLLM does with them disabled (legacy hashes)
+                object.__setattr__(speculative, "disable_lookahead_block_hashes", True)
+        config.speculative_config = speculative
     return config

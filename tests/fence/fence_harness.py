@@ -162,6 +162,11 @@ class FenceEngine:
     ) -> None:
         self.blocks_per_chunk = blocks_per_chunk
         self.async_scheduling = async_scheduling
+        if eagle and speculation is None:
+            # an EAGLE drafter that proposes nothing (vLLM's dynamic speculation can
+            # propose zero drafts); under async scheduling vLLM still schedules its
+            # one placeholder draft a step, which the target model then rejects
+            speculation = Speculation(1, lambda _r, _s: 0, lambda _r, _s, _d: 0)
         self.speculation = speculation
         self.layout = layout
         self.eagle = eagle
@@ -369,13 +374,16 @@ class FenceEngine:
         """The shape of STRANDED_FINISHED_LOAD, if the engine is in it now: nothing
         running and no transfer in flight, and in the waiting queues (the skipped ones
         first, as FCFS serves them) a request whose load has finished behind a head
-        that holds no blocks; else None.
+        that holds no blocks, or that holds only what its own finished load gave it;
+        else None.
 
         The loaded request is either still WAITING_FOR_REMOTE_KVS, its id among the
         finished receives, or already promoted (to WAITING, or PREEMPTED if it was
         preempted before) in a pass whose allocation for it then failed: a waiting
         request that holds blocks got them from an asynchronous load, the only
-        allocation that leaves a request waiting."""
+        allocation that leaves a request waiting. The head can be such a promoted
+        load too: its allocation fails on every pass while the loads behind it keep
+        the blocks it needs."""
         scheduler = self.scheduler
         if scheduler.running or self.worker_side.busy():
             return None
@@ -385,10 +393,9 @@ class FenceEngine:
             return None
         head, *behind = queued
         manager = scheduler.kv_cache_manager
-        if head.status == RequestStatus.WAITING_FOR_REMOTE_KVS or any(
-            manager.get_block_ids(head.request_id)
-        ):
+        if head.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
             return None
+        holds = any(manager.get_block_ids(head.request_id))  # a promoted load's blocks
         finished = getattr(scheduler, "finished_recving_kv_req_ids", set())
         loaded = []
         for q in behind:
@@ -401,9 +408,11 @@ class FenceEngine:
                 loaded.append(f"{q.request_id} (promoted to {q.status.name})")
         if not loaded:
             return None
+        status = head.status.name
+        label = f"promoted to {status}, holding blocks" if holds else f"{status}, no blocks"
         return (
-            f"{head.request_id} ({head.status.name}, no blocks) heads the waiting queues, "
-            f"and {', '.join(loaded)} behind it, holding blocks, finished loading"
+            f"{head.request_id} ({label}) heads the waiting queues, and "
+            f"{', '.join(loaded)} behind it, holding blocks, finished loading"
         )
 
     def _idle(self) -> bool:

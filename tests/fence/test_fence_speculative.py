@@ -102,3 +102,28 @@ def test_a_final_store_past_the_commit_point_reads_a_rejected_draft(
     with pytest.raises(ContentViolation) as caught:
         e.drain()
     assert f"({r!r}, 0, 1, 7), not the data of its key" in str(caught.value)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_an_eagle_engine_s_scheduler_runs_as_an_eagle_drafter_s(async_scheduling: bool) -> None:
+    """An EAGLE engine gives the core scheduler the drafter's speculative config: it
+    reserves a lookahead slot, and drops the last block of a prefix-cache hit (that
+    block's last drafter slot was written from the token after it, which the hit does
+    not cover). b shares a's first 12 tokens, three 4-token blocks: without EAGLE its
+    hit is those 12 tokens, with EAGLE 8."""
+    hits = {}
+    for eagle in (False, True):
+        e = FenceEngine(
+            layout="sliding",
+            window_blocks=4,
+            num_gpu_blocks=32,
+            eagle=eagle,
+            async_scheduling=async_scheduling,
+        )
+        e.add_request(list(range(1, 14)), 2, req_id="a")
+        e.drain()
+        e.add_request([*range(1, 13), 99, 98], 2, req_id="b")
+        (new,) = e.step().output.scheduled_new_reqs
+        hits[eagle] = (new.num_computed_tokens, e.scheduler.num_lookahead_tokens)
+        e.drain()
+    assert hits == {False: (12, 0), True: (8, 1)}

@@ -744,72 +744,64 @@ def test_a_drain_stranded_without_tolerance_names_the_shape() -> None:
 
 
 def _promoted_program() -> FenceMachine:
-    """A hunt's program on 0.30.0 (2026-12-06, seed 3124662544), shrunk: one rank, the
-    mixed layout with an EAGLE drafter, chunks of one block, dense retention, async
-    scheduling, a pool sized for the longest request alone. r17, preempted before, gets
-    a CPU-tier hit, loads it, and is promoted (to PREEMPTED, holding its 6 blocks) in a
-    step whose allocation for it fails; r16, skipped in that step, is put back ahead of
-    it, and needs 12 blocks of the 10 left free. Measured on 0.30.0 under string hash
-    seeds 0, 1, 2 and the hunt's; 0.28.0 and 0.29.0 schedule it otherwise and drain."""
+    """A program of the random workloads on 0.30.0 (2026-12-07; a search for this shape
+    with the EAGLE programs' core config, then shrunk by hand): one rank, full
+    attention alone with an EAGLE drafter's config (the core scheduler reserves a
+    lookahead slot and drops the last block of a hit), chunks of one block, sync
+    scheduling, a pool sized for the longest request alone. r9 and r13 load CPU-tier
+    hits, r13 (preempted before) is promoted to PREEMPTED in a pass whose allocation
+    for it then fails, and r10, which holds nothing, heads the queue for good.
+    Measured on 0.30.0 under string hash seeds 0, 1 and 2; 0.28.0, 0.29.0 and 0.31.0
+    on drain it."""
     a, d = tuple(range(1, 9)), tuple(range(100, 112))
     state = FenceMachine()
     state.start(
-        async_scheduling=True,
+        async_scheduling=False,
         block_sizes=(4, 4),
         blocks_per_chunk=1,
-        cpu_chunks=16,
-        delays=[0, 4, None, None, None, None],
+        cpu_chunks=8,
+        delays=[0, None, None, 0, None, None],
         eagle=True,
-        enabled=[False, False, False, False],
+        enabled=[False, False, True, True],
         kv_role="kv_both",
-        layout="mixed",
+        layout="full",
         ranks="one",
         remote_source=False,
-        retention=None,
+        retention=0,
         second_worker_lag=0,
-        seed=1423,
+        seed=7456,
         spare_blocks=0,
-        window_blocks=3,
+        window_blocks=2,
     )
 
     def add(**drawn: Any) -> None:
         state.add_request(remote_blocks=0, **drawn)
 
+    add(max_tokens=2, prefix=(), tail=3)
+    add(max_tokens=5, prefix=a[:4], tail=0)
+    add(max_tokens=3, prefix=(), tail=2)
+    add(max_tokens=2, prefix=(), tail=3)
+    state.step(steps=3)
     add(max_tokens=1, prefix=a[:4], tail=0)
-    state.follow_up(tail=3, wait=2)
-    state.step(steps=1)
-    state.follow_up(tail=2, wait=4)
-    add(max_tokens=2, prefix=(), tail=7)
-    add(max_tokens=3, prefix=a, tail=3)
-    state.step(steps=1)
-    add(max_tokens=6, prefix=(), tail=9)
-    add(max_tokens=9, prefix=a, tail=5)
-    state.step(steps=2)
-    add(max_tokens=1, prefix=a, tail=4)
-    state.step(steps=4)
-    state.follow_up(tail=0, wait=1)
-    state.follow_up(tail=0, wait=3)
-    state.step(steps=4)
-    add(max_tokens=3, prefix=d, tail=10)
-    state.step(steps=8)
-    add(max_tokens=9, prefix=a[:4], tail=5)
-    add(max_tokens=1, prefix=(), tail=8)
-    add(max_tokens=4, prefix=a, tail=1)
-    state.follow_up(tail=0, wait=4)
+    add(max_tokens=7, prefix=d, tail=2)
+    add(max_tokens=4, prefix=d, tail=0)
+    add(max_tokens=9, prefix=(), tail=8)
+    add(max_tokens=8, prefix=(), tail=0)
+    add(max_tokens=4, prefix=d, tail=5)
     state.step(steps=7)
-    add(max_tokens=10, prefix=(), tail=8)
-    state.step(steps=13)
-    add(max_tokens=1, prefix=d, tail=9)
+    add(max_tokens=1, prefix=a[:4], tail=0)
+    state.step(steps=10)
+    add(max_tokens=2, prefix=(), tail=3)
     state.step(steps=5)
-    add(max_tokens=2, prefix=a, tail=8)
-    state.step(steps=4)
-    add(max_tokens=1, prefix=(), tail=0)
+    add(max_tokens=1, prefix=d, tail=0)
+    add(max_tokens=4, prefix=(), tail=9)
+    state.step(steps=8)
     return state
 
 
 def test_a_load_promoted_then_stranded_is_the_same_bug() -> None:
     """The registered shape covers a loaded request already promoted: where this
-    program strands (0.30.0) the tolerance ends its drain and names r17 as promoted;
+    program strands (0.30.0) the tolerance ends its drain and names r13 as promoted;
     untolerated, the drain fails and says so. Elsewhere it drains."""
     state = _promoted_program()
     engine = state.engine
@@ -821,11 +813,106 @@ def test_a_load_promoted_then_stranded_is_the_same_bug() -> None:
         return
     assert has_bug("stranded-finished-load")
     engine.tolerate = frozenset()
-    with pytest.raises(AssertionError, match=r"r16 \(WAITING, no blocks\) heads"):
+    with pytest.raises(AssertionError, match=r"r10 \(WAITING, no blocks\) heads"):
         engine.drain()
     shape = (
-        "r16 (WAITING, no blocks) heads the waiting queues, and r17 (promoted to "
+        "r10 (WAITING, no blocks) heads the waiting queues, and r9, r13 (promoted to "
         "PREEMPTED) behind it, holding blocks, finished loading"
+    )
+    assert engine.stranded_load() == shape
+    engine.tolerate = frozenset({STRANDED_FINISHED_LOAD})
+    engine.drain()
+    assert (engine.stranded, engine.known_bug_hits) == (shape, [(STRANDED_FINISHED_LOAD, -1)])
+
+
+def _promoted_head_program() -> FenceMachine:
+    """A program of the random workloads on 0.30.0 (2026-12-07, the same search as
+    :func:`_promoted_program`, shrunk by hand): one replicated layout of two ranks,
+    full attention alone with an EAGLE drafter's config, chunks of two blocks, async
+    scheduling, a producer-only connector, a pool sized for the longest request alone.
+    r10 (preempted before) loads a CPU-tier hit and is promoted to PREEMPTED, holding
+    its blocks, in a pass whose allocation for it fails: the lookahead slot takes one
+    block more than the 2 left free. r2, behind it, has finished its own load and holds
+    the blocks r10 needs. Measured on 0.30.0 under string hash seeds 0, 1 and 2;
+    0.28.0, 0.29.0 and 0.31.0 on drain it."""
+    a, d = tuple(range(1, 9)), tuple(range(100, 112))
+    state = FenceMachine()
+    state.start(
+        async_scheduling=True,
+        block_sizes=(4, 4),
+        blocks_per_chunk=2,
+        cpu_chunks=24,
+        delays=[None, None, 4, None],
+        eagle=True,
+        enabled=[False, False, True, False],
+        kv_role="kv_producer",
+        layout="full",
+        ranks="replicated",
+        remote_source=True,
+        retention=0,
+        second_worker_lag=1,
+        seed=2368,
+        spare_blocks=0,
+        window_blocks=1,
+    )
+
+    def add(**drawn: Any) -> None:
+        state.add_request(remote_blocks=0, **drawn)
+
+    add(max_tokens=9, prefix=a[:4], tail=3)
+    state.step(steps=1)
+    state.step(steps=1)
+    state.step(steps=2)
+    add(max_tokens=2, prefix=a, tail=8)
+    state.follow_up(tail=0, wait=2)
+    add(max_tokens=10, prefix=a, tail=6)
+    state.step(steps=1)
+    state.follow_up(tail=0, wait=1)
+    state.follow_up(tail=0, wait=2)
+    add(max_tokens=1, prefix=(), tail=8)
+    state.follow_up(tail=0, wait=1)
+    add(max_tokens=1, prefix=(), tail=9)
+    state.follow_up(tail=0, wait=2)
+    state.follow_up(tail=0, wait=4)
+    state.step(steps=4)
+    state.follow_up(tail=0, wait=3)
+    state.step(steps=1)
+    add(max_tokens=1, prefix=d, tail=0)
+    state.step(steps=4)
+    state.step(steps=3)
+    state.follow_up(tail=3, wait=2)
+    add(max_tokens=3, prefix=d, tail=2)
+    add(max_tokens=6, prefix=d, tail=5)
+    add(max_tokens=1, prefix=a, tail=4)
+    state.follow_up(tail=0, wait=2)
+    state.step(steps=3)
+    state.follow_up(tail=0, wait=1)
+    state.follow_up(tail=0, wait=1)
+    state.follow_up(tail=0, wait=1)
+    state.step(steps=2)
+    state.follow_up(tail=0, wait=4)
+    return state
+
+
+def test_a_promoted_load_heading_the_queue_is_the_same_bug() -> None:
+    """The registered shape covers a head that is itself a promoted load, holding the
+    blocks its load gave it: where this program strands (0.30.0) the tolerance ends
+    its drain and names both loads; untolerated, the drain fails and says so.
+    Elsewhere it drains."""
+    state = _promoted_head_program()
+    engine = state.engine
+    assert engine is not None
+    if VLLM_VERSION.split("+", 1)[0] != "0.30.0":
+        state.teardown()
+        assert engine.stranded is None
+        assert engine.fence == {}
+        return
+    engine.tolerate = frozenset()
+    with pytest.raises(AssertionError, match=r"r10 \(promoted to PREEMPTED, holding blocks\)"):
+        engine.drain()
+    shape = (
+        "r10 (promoted to PREEMPTED, holding blocks) heads the waiting queues, and r2 "
+        "behind it, holding blocks, finished loading"
     )
     assert engine.stranded_load() == shape
     engine.tolerate = frozenset({STRANDED_FINISHED_LOAD})
