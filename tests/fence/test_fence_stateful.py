@@ -88,9 +88,14 @@ MAX_TOKENS = 10
 LONGEST = max(map(len, PREFIXES)) + MAX_TAIL + MAX_TOKENS
 
 
-def _fitting_pool(layout: str, block_sizes: tuple[int, int] = (BLOCK, BLOCK)) -> int:
+def _fitting_pool(
+    layout: str, block_sizes: tuple[int, int] = (BLOCK, BLOCK), lookahead: int = 0
+) -> int:
     """The smallest pool that fits the longest request alone (plus the null block),
     so that every request can run; more requests than that compete and preempt.
+    ``lookahead``: the slots an EAGLE drafter's config reserves past a request's
+    tokens (vLLM's ``num_lookahead_tokens``), which its last steps need too. Drafts
+    need none: vLLM schedules none in a step that samples a request's last token.
 
     The groups share one pool, each taking blocks of its own size. A sliding-window
     group needs every block of a prompt it prefills in one step (it frees the ones
@@ -98,7 +103,7 @@ def _fitting_pool(layout: str, block_sizes: tuple[int, int] = (BLOCK, BLOCK)) ->
     """
     full, sliding = block_sizes
     groups = {"full": [full], "sliding": [sliding], "mixed": [full, sliding]}[layout]
-    return 1 + sum(-(-LONGEST // size) for size in groups)
+    return 1 + sum(-(-(LONGEST + lookahead) // size) for size in groups)
 
 
 # Swarm testing (Groce et al., "Swarm testing", ISSTA 2012): each program enables a
@@ -334,10 +339,13 @@ class FenceMachine(RuleBasedStateMachine):
                     or window_blocks >= retention // window_block,
                     tolerate=REPLAY_TOLERANCE,
                 )
+        # an EAGLE drafter's lookahead slots: one per draft token (FenceEngine gives a
+        # drafter that speculates nothing one)
+        lookahead = (speculation.tokens if speculation else 1) if eagle else 0
         self.engine = FenceEngine(
             block_size=block_sizes[0],
             sliding_block_size=block_sizes[1],
-            num_gpu_blocks=_fitting_pool(layout, block_sizes) + spare_blocks,
+            num_gpu_blocks=_fitting_pool(layout, block_sizes, lookahead) + spare_blocks,
             layout=layout,
             window_blocks=window_blocks,
             blocks_per_chunk=blocks_per_chunk,
@@ -576,6 +584,41 @@ class SpeculativeMachine(FenceMachine):
 
 def test_random_workloads_keep_every_fence_invariant_with_speculative_decoding() -> None:
     run_machine(SpeculativeMachine)
+
+
+def test_an_eagle_program_s_pool_holds_its_longest_request_and_its_lookahead() -> None:
+    """A hunt's program (0.33.0, 2026-12-07, round 55, seed 4180066628), shrunk: an
+    EAGLE drafter of three draft tokens and one 31-token request. Its last steps need
+    its tokens and the drafter's 3 lookahead slots, 9 blocks of 4 tokens; a pool sized
+    for the longest request alone held 8, and the request was preempted for ever (the
+    drain stopped). The pool now counts the lookahead (_fitting_pool)."""
+    state = SpeculativeMachine()
+    state.start(
+        acceptance="random",
+        async_scheduling=True,
+        block_sizes=(4, 4),
+        blocks_per_chunk=1,
+        cpu_chunks=1,
+        delays=[None],
+        eagle=True,
+        enabled=[False, False, False, False],
+        kv_role="kv_both",
+        layout="full",
+        ranks="one",
+        remote_source=False,
+        retention=0,
+        second_worker_lag=0,
+        seed=0,
+        spare_blocks=0,
+        spec_tokens=3,
+        window_blocks=1,
+    )
+    state.add_request(max_tokens=9, prefix=tuple(range(100, 112)), remote_blocks=0, tail=10)
+    engine = state.engine
+    assert engine is not None
+    state.teardown()
+    assert [q.is_finished() for q in engine.requests.values()] == [True]
+    assert engine.scheduler.num_lookahead_tokens == 3
 
 
 # RemoteWindowMachine's programs all have the layout where a sliding-window chunk can

@@ -748,7 +748,8 @@ def _promoted_program() -> FenceMachine:
     with the EAGLE programs' core config, then shrunk by hand): one rank, full
     attention alone with an EAGLE drafter's config (the core scheduler reserves a
     lookahead slot and drops the last block of a hit), chunks of one block, sync
-    scheduling, a pool sized for the longest request alone. r9 and r13 load CPU-tier
+    scheduling, a pool sized for the longest request alone without the drafter's
+    lookahead slot (as the machine sized it when it found this). r9 and r13 load CPU-tier
     hits, r13 (preempted before) is promoted to PREEMPTED in a pass whose allocation
     for it then fails, and r10, which holds nothing, heads the queue for good.
     Measured on 0.30.0 under string hash seeds 0, 1 and 2; 0.28.0, 0.29.0 and 0.31.0
@@ -770,7 +771,7 @@ def _promoted_program() -> FenceMachine:
         retention=0,
         second_worker_lag=0,
         seed=7456,
-        spare_blocks=0,
+        spare_blocks=-1,  # the pool as found: sized without the lookahead slot
         window_blocks=2,
     )
 
@@ -829,7 +830,8 @@ def _promoted_head_program() -> FenceMachine:
     """A program of the random workloads on 0.30.0 (2026-12-07, the same search as
     :func:`_promoted_program`, shrunk by hand): one replicated layout of two ranks,
     full attention alone with an EAGLE drafter's config, chunks of two blocks, async
-    scheduling, a producer-only connector, a pool sized for the longest request alone.
+    scheduling, a producer-only connector, a pool sized for the longest request alone
+    without the drafter's lookahead slot (as the machine sized it when it found this).
     r10 (preempted before) loads a CPU-tier hit and is promoted to PREEMPTED, holding
     its blocks, in a pass whose allocation for it fails: the lookahead slot takes one
     block more than the 2 left free. r2, behind it, has finished its own load and holds
@@ -852,7 +854,7 @@ def _promoted_head_program() -> FenceMachine:
         retention=0,
         second_worker_lag=1,
         seed=2368,
-        spare_blocks=0,
+        spare_blocks=-1,  # the pool as found: sized without the lookahead slot
         window_blocks=1,
     )
 
