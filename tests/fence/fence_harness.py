@@ -49,10 +49,17 @@ from fence_transfers import Delay, FakeTransferWorker, FenceOffloadingSpec
 from fence_workers import Speculation, WorkerSide
 from vllm.v1.request import RequestStatus
 
+# What an EAGLE engine given no Speculation plays: a drafter of one draft token that
+# proposes nothing (vLLM's dynamic speculation can propose zero drafts); under async
+# scheduling vLLM still schedules its one placeholder draft a step, which the target
+# model then rejects.
+IDLE_DRAFTER = Speculation(1, lambda _r, _s: 0, lambda _r, _s, _d: 0)
+
 __all__ = [
     "EAGLE_POPPED",
     "FINAL_SLIDING_WINDOW_TAIL",
     "FINAL_TOKEN_UNCOMPUTED",
+    "IDLE_DRAFTER",
     "PREEMPTED_THEN_FINISHED",
     "RELEASE_TOLERANCE",
     "SHORTER_HIT",
@@ -163,10 +170,7 @@ class FenceEngine:
         self.blocks_per_chunk = blocks_per_chunk
         self.async_scheduling = async_scheduling
         if eagle and speculation is None:
-            # an EAGLE drafter that proposes nothing (vLLM's dynamic speculation can
-            # propose zero drafts); under async scheduling vLLM still schedules its
-            # one placeholder draft a step, which the target model then rejects
-            speculation = Speculation(1, lambda _r, _s: 0, lambda _r, _s, _d: 0)
+            speculation = IDLE_DRAFTER
         self.speculation = speculation
         self.layout = layout
         self.eagle = eagle

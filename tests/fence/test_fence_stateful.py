@@ -33,6 +33,7 @@ from fence_findings import VLLM_VERSION, at_least, has_bug, known_bug
 from fence_harness import (
     EAGLE_POPPED,
     FINAL_SLIDING_WINDOW_TAIL,
+    IDLE_DRAFTER,
     PREEMPTED_THEN_FINISHED,
     RELEASE_TOLERANCE,
     SHORTER_HIT,
@@ -339,9 +340,8 @@ class FenceMachine(RuleBasedStateMachine):
                     or window_blocks >= retention // window_block,
                     tolerate=REPLAY_TOLERANCE,
                 )
-        # an EAGLE drafter's lookahead slots: one per draft token (FenceEngine gives a
-        # drafter that speculates nothing one)
-        lookahead = (speculation.tokens if speculation else 1) if eagle else 0
+        # an EAGLE drafter's lookahead slots: one per draft token
+        lookahead = (speculation or IDLE_DRAFTER).tokens if eagle else 0
         self.engine = FenceEngine(
             block_size=block_sizes[0],
             sliding_block_size=block_sizes[1],
