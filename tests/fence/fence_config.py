@@ -29,6 +29,7 @@ from vllm.config import (
     SpeculativeConfig,
     VllmConfig,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
 from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
@@ -64,9 +65,11 @@ _KV_CACHE_CONFIG_FIELDS = {f.name for f in dataclasses.fields(KVCacheConfig)}
 # names the layers that share it (``shared_by``). See :func:`kv_cache_tensor`.
 _KV_CACHE_TENSOR_FIELDS = {f.name for f in dataclasses.fields(KVCacheTensor)}
 
-# vLLM 0.34.0 on can fold the next token into an EAGLE drafter block's hash (lookahead
-# block hashes), unless the speculative config disables it. See :func:`vllm_config`.
-_SPECULATIVE_FIELDS = {f.name for f in dataclasses.fields(SpeculativeConfig)}
+# vLLM 0.34.0 on can fold the token an EAGLE drafter reads after a block into the
+# block's hash (lookahead block hashes, its default where every connector supports
+# them), in place of dropping the last block of a prefix-cache hit. See :func:`vllm_config`.
+# (vLLM 0.33.0 has them too, but keeps the legacy hashes under any KV connector.)
+LOOKAHEAD_HASHES = hasattr(KVConnectorBase_V1, "supports_lookahead_block_hashes")
 
 Layout = Literal["full", "sliding", "mixed"]
 # The connector's role. A consumer (``kv_both``, what vLLM's examples give the
@@ -247,6 +250,7 @@ def vllm_config(
     kv_role: Role = "kv_both",
     spec_tokens: int = 0,
     eagle: bool = False,
+    lookahead_hashes: bool = False,
 ) -> VllmConfig:
     """A real vLLM config with the OffloadingConnector over
     :class:`fence_transfers.FenceOffloadingSpec`.
@@ -268,7 +272,19 @@ def vllm_config(
     slots. vLLM builds an EAGLE config from a draft model's, which an offline run
     does not have, so the config is the n-gram one with its method set to ``eagle``
     after validation; the scheduler and the connector read only the method and the
-    token count (the harness plays the model runner, drafter included)."""
+    token count (the harness plays the model runner, drafter included).
+
+    With ``lookahead_hashes`` (vLLM 0.34.0 on, EAGLE only), the drafter's config keeps
+    vLLM's default: each block hash also covers the token after the block, which the
+    drafter's KV at the block's last position reads, so a hit keeps its last block and a
+    block's hash (hence its store) waits for that token. vLLM turns them off itself
+    when a connector does not support them (the second connector here). Without it,
+    the config disables them, vLLM's fallback: the last block of a hit is dropped."""
+    if lookahead_hashes and not (eagle and LOOKAHEAD_HASHES):
+        raise ValueError(
+            "lookahead_hashes are an EAGLE drafter's (eagle=True), from vLLM 0.34.0 on: "
+            "drop lookahead_hashes=True here"
+        )
     if remote_source and kv_role != "kv_both":
         raise ValueError(
             f"remote_source loads KV from another connector, which a {kv_role} "
@@ -337,10 +353,12 @@ def vllm_config(
         )
         if eagle:
             object.__setattr__(speculative, "method", "eagle")
-            if "disable_lookahead_block_hashes" in _SPECULATIVE_FIELDS:
-                # vLLM 0.34.0 on: lookahead block hashes (the next token folded into a
-                # drafter block's hash, no hit block dropped) are not modelled; the
-                # harness runs EAGLE as vLLM does with them disabled (legacy hashes)
-                object.__setattr__(speculative, "disable_lookahead_block_hashes", True)
+            if LOOKAHEAD_HASHES:
+                disable = not lookahead_hashes
+                object.__setattr__(speculative, "disable_lookahead_block_hashes", disable)
         config.speculative_config = speculative
+        if LOOKAHEAD_HASHES:
+            # vLLM resolves the hashes' lookahead as it validates the config, which had
+            # no speculative config then: resolve it again, as vLLM would with this one
+            config.num_hash_lookahead_tokens = config._resolve_num_hash_lookahead_tokens()
     return config

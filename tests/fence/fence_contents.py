@@ -55,7 +55,9 @@ UNSTORED_SLOT = "load of a CPU slot its chunk's store left unwritten"
 # written (0.33.0) or a null placeholder's zeros (0.34.0)
 # (docs/vllm-bug-unaligned-hybrid-hit-reads-unstored-block.md). Only such loads are
 # tolerated: a sliding-window slot of that kind, by a load whose full-attention blocks
-# end off a chunk boundary, with no EAGLE drafter; any other wrong load fails as usual.
+# end off a chunk boundary, with no EAGLE drafter that drops a hit's last block (one
+# under lookahead hashes does not: FenceEngine.eagle_drop); any other wrong load fails
+# as usual.
 UNALIGNED_HIT = "load of a slot left out, by a hit cut off the full-attention chunk boundary"
 
 # A vLLM bug (0.33.0-0.34.0) the harness can tolerate likewise: under a sparse
@@ -66,14 +68,15 @@ UNALIGNED_HIT = "load of a slot left out, by a hit cut off the full-attention ch
 # (docs/vllm-bug-sparse-retention-shorter-hit-reads-unstored-block.md). Only such
 # loads are tolerated: a sliding-window slot its chunk's store left out, never written
 # (0.33.0) or a null placeholder's zeros (0.34.0), under such a retention, with no EAGLE
-# drafter; any other wrong load fails as usual.
+# drafter that drops a hit's last block; any other wrong load fails as usual.
 SHORTER_HIT = "load of a window slot left out, by a hit short of a sparse retention's boundary"
 
 # A vLLM bug (0.28.0-0.34.0) of the same shape with an EAGLE drafter: its group gives back
 # the last chunk of a CPU-tier hit, so the hit ends a chunk short of any boundary the
 # store's reachability kept, and its window reads a block the store left out
 # (docs/vllm-bug-eagle-popped-chunk-reads-unstored-block.md). Tolerated likewise: such a
-# slot, under a sparse retention, where the sliding-window group is the drafter's.
+# slot, under a sparse retention, where the sliding-window group is the drafter's and
+# drops a hit's last block (not under 0.34.0's lookahead hashes, which pop nothing).
 EAGLE_POPPED = "load of a window slot left out, by an EAGLE hit that gave back a chunk"
 
 
@@ -242,11 +245,12 @@ class Contents:
 
     def _cut_off_alignment(self, places: list[tuple[int, int, int, tuple[int, int]]]) -> bool:
         """Whether a load's places are those of UNALIGNED_HIT's hit: a mixed layout
-        (full attention, then a sliding window of shorter chunks), no EAGLE drafter,
-        and the full-attention blocks loaded end off a full-attention chunk."""
+        (full attention, then a sliding window of shorter chunks), no EAGLE drafter
+        dropping a hit's last block, and the full-attention blocks loaded end off a
+        full-attention chunk."""
         engine = self.engine
         sizes = engine.group_block_sizes
-        if engine.layout != "mixed" or engine.eagle or sizes[1] >= sizes[0]:
+        if engine.layout != "mixed" or engine.eagle_drop or sizes[1] >= sizes[0]:
             return False
         ends = [(index + 1) * sizes[0] for group, index, *_ in places if group == 0]
         return bool(ends) and max(ends) % (sizes[0] * engine.blocks_per_chunk) != 0
@@ -266,7 +270,7 @@ class Contents:
         unaligned = UNALIGNED_HIT in self.engine.tolerate and self._cut_off_alignment(places)
         # the known bug whose loads bring a window slot a sparse retention's store
         # left out, for this engine, and its groups where tolerated
-        left_out = EAGLE_POPPED if self.engine.eagle else SHORTER_HIT
+        left_out = EAGLE_POPPED if self.engine.eagle_drop else SHORTER_HIT
         sparse = self._sparse_window_groups() if left_out in self.engine.tolerate else ()
         for group, index, block_id, address in places:
             if block_id == 0 and NULL_PLACEHOLDERS:

@@ -162,6 +162,7 @@ class FenceEngine:
         kv_role: Role = "kv_both",
         retention_interval: int | None = 0,
         eagle: bool = False,
+        lookahead_hashes: bool = False,
         speculation: Speculation | None = None,
         tolerate: Sequence[str] | None = None,
         post_step_fns: Sequence[Callable[[FenceEngine], None]] = (),
@@ -199,6 +200,7 @@ class FenceEngine:
             sliding_block_size=sliding_block_size,
             window_blocks=window_blocks,
             eagle=eagle,
+            lookahead_hashes=lookahead_hashes,
             num_gpu_blocks=num_gpu_blocks,
             retention_interval=retention_interval,
             blocks_per_chunk=blocks_per_chunk,
@@ -212,6 +214,11 @@ class FenceEngine:
             spec_tokens=speculation.tokens if speculation else 0,
         )
         self.vllm_config = config.vllm
+        # vLLM 0.34.0's lookahead block hashes, where asked and every connector takes
+        # them (vLLM keeps them off under the second connector): the drafter's group
+        # then keeps the last block of a hit, which it otherwise drops
+        self.lookahead_hashes = getattr(config.vllm, "num_hash_lookahead_tokens", 0) > 0
+        self.eagle_drop = eagle and not self.lookahead_hashes
         self.group_block_sizes = config.group_block_sizes
         self.hash_block_size = config.hash_block_size
         self.ledger = JobLedger(blocks_per_chunk, config.final_tail_groups)

@@ -69,7 +69,12 @@ class SchedulerSide:
         self._ids = itertools.count()
         self._pending_output: tuple[SchedulerOutput, ModelRunnerOutput] | None = None
         init_none_hash(sha256)
-        self._hasher = get_request_block_hasher(config.hash_block_size, sha256)
+        # vLLM 0.34.0 on: the hashes cover the tokens the config's lookahead says (the
+        # engine core builds its hasher so)
+        lookahead = getattr(config.vllm, "num_hash_lookahead_tokens", 0)
+        self._hasher = get_request_block_hasher(
+            config.hash_block_size, sha256, *((lookahead,) if lookahead else ())
+        )
 
     @property
     def fence(self) -> dict[int, set[int]]:

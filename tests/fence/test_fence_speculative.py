@@ -12,6 +12,7 @@ from __future__ import annotations
 from inspect import getsource
 
 import pytest
+from fence_config import LOOKAHEAD_HASHES
 from fence_contents import Rejected
 from fence_findings import has_bug
 from fence_harness import ContentViolation, FenceEngine, Speculation
@@ -127,3 +128,48 @@ def test_an_eagle_engine_s_scheduler_runs_as_an_eagle_drafter_s(async_scheduling
         hits[eagle] = (new.num_computed_tokens, e.scheduler.num_lookahead_tokens)
         e.drain()
     assert hits == {False: (12, 0), True: (8, 1)}
+
+
+@pytest.mark.skipif(not LOOKAHEAD_HASHES, reason="lookahead block hashes: vLLM 0.34.0 on")
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_lookahead_hashes_keep_a_hit_s_last_block_when_the_token_after_it_agrees(
+    async_scheduling: bool,
+) -> None:
+    """With lookahead block hashes (vLLM 0.34.0's default for an EAGLE drafter), a
+    block's hash covers the token after it, which the drafter's KV at the block's last
+    position reads, and no hit block is dropped. a's 13-token prompt is stored; b
+    shares its first 12 tokens, and its 13th token is a's (kept: 12 tokens hit) or
+    another (8). The same from the CPU tier once the GPU prefix cache is reset (the
+    connector's lookup, then its load). Without them, vLLM's fallback, 8 always."""
+    hits = {}
+    for lookahead in (False, True):
+        for cpu_tier in (False, True):
+            for token in (13, 99):
+                e = FenceEngine(
+                    layout="sliding",
+                    window_blocks=4,
+                    num_gpu_blocks=32,
+                    eagle=True,
+                    lookahead_hashes=lookahead,
+                    async_scheduling=async_scheduling,
+                )
+                assert e.lookahead_hashes is lookahead
+                assert e.connector.use_lookahead_block_hashes is lookahead
+                e.add_request(list(range(1, 14)), 2, req_id="a")
+                e.drain()
+                if cpu_tier:
+                    assert e.reset_gpu_cache()
+                e.add_request([*range(1, 13), token, 98], 2, req_id="b")
+                output = e.step().output
+                # a GPU hit is computed as it is scheduled; a CPU-tier one waits on its load
+                hit = [new.num_computed_tokens for new in output.scheduled_new_reqs]
+                hits[lookahead, cpu_tier, token] = e.requests["b"].num_computed_tokens
+                if not cpu_tier:
+                    (hits[lookahead, cpu_tier, token],) = hit
+                loads = [job for job in e.ledger.load_jobs.values() if job.req_id == "b"]
+                assert len(loads) == int(cpu_tier)
+                e.drain()
+                assert e.contents.violations == []
+    kept = {(True, cpu_tier, 13): 12 for cpu_tier in (False, True)}
+    assert hits == {key: kept.get(key, 8) for key in hits}
+    assert len(hits) == 8
