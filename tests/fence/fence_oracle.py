@@ -385,11 +385,13 @@ class StoreLiveness:
     admit a chunk skipped and only later offered by another request sharing the prefix.
 
     Where it is sound, and so where the machine turns it on: one full-attention group
-    (dense: vLLM's reachable mask keeps every block), no EAGLE drafter (its group keeps
-    a trailing block back), no second connector (its loads are not the tier's); and only
-    chunks that met no cache reset before their store was built (a reset drops pending
-    chunks by design), and of a request that finished while preempted, only the chunks
-    it still counts computed (the preemption freed the blocks that held the others).
+    (dense: vLLM's reachable mask keeps every block), no EAGLE drafter that drops a
+    hit's last block (its group keeps a trailing block back; under vLLM 0.34.0's
+    lookahead block hashes it does neither, and the check holds), no second connector
+    (its loads are not the tier's); and only chunks that met no cache reset before their
+    store was built (a reset drops pending chunks by design), and of a request that
+    finished while preempted, only the chunks it still counts computed (the preemption
+    freed the blocks that held the others).
     """
 
     INVARIANT = "L1 computed chunks are offered to the tier"
