@@ -632,6 +632,47 @@ def test_an_eagle_program_s_pool_holds_its_longest_request_and_its_lookahead() -
     assert engine.scheduler.num_lookahead_tokens == 3
 
 
+@pytest.mark.parametrize("layout", ["full", "sliding"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_an_eagle_program_runs_the_lookahead_hashes_when_its_seed_is_odd(
+    layout: str, seed: int
+) -> None:
+    """On a release with lookahead block hashes (0.34.0 on), an EAGLE program of odd
+    seed runs them and is held to a liveness check (L1 in the full layout, L3 under
+    the default retention in a sliding-window one); one of even seed runs vLLM's
+    fallback, with no liveness check (its drafter drops a hit's last block). On older
+    releases every EAGLE program runs the fallback."""
+    state = FenceMachine()
+    state.start(
+        async_scheduling=False,
+        block_sizes=(4, 4),
+        blocks_per_chunk=1,
+        cpu_chunks=4,
+        delays=[None],
+        eagle=True,
+        enabled=[False, False, False, False],
+        kv_role="kv_both",
+        layout=layout,
+        ranks="one",
+        remote_source=False,
+        retention=0,
+        second_worker_lag=0,
+        seed=seed,
+        spare_blocks=0,
+        window_blocks=2,
+    )
+    engine = state.engine
+    assert engine is not None
+    lookahead = LOOKAHEAD_HASHES and seed == 1
+    assert engine.lookahead_hashes is lookahead
+    assert engine.eagle_drop is not lookahead
+    liveness = {"full": StoreLiveness, "sliding": ReplayLiveness}[layout]
+    assert isinstance(state.liveness, liveness) if lookahead else state.liveness is None
+    state.add_request(max_tokens=3, prefix=PREFIXES[3], remote_blocks=0, tail=5)
+    state.teardown()
+    assert all(request.is_finished() for request in engine.requests.values())
+
+
 # RemoteWindowMachine's programs all have the layout where a sliding-window chunk can
 # hold a null block a later hit reads. On a release with reachable-null-block-chunk-stored
 # (no check for that null block before 0.33.0) any of them could stop on that known bug,
