@@ -105,6 +105,21 @@ def test_a_final_store_past_the_commit_point_reads_a_rejected_draft(
     assert f"({r!r}, 0, 1, 7), not the data of its key" in str(caught.value)
 
 
+def _a_stored(async_scheduling: bool, **options: object) -> FenceEngine:
+    """A sliding-window engine (4-token blocks, a window of 4) that has run request a,
+    a 13-token prompt and 2 tokens, to the end; ``options`` as FenceEngine's."""
+    e = FenceEngine(
+        layout="sliding",
+        window_blocks=4,
+        num_gpu_blocks=32,
+        async_scheduling=async_scheduling,
+        **options,  # type: ignore[arg-type]
+    )
+    e.add_request(list(range(1, 14)), 2, req_id="a")
+    e.drain()
+    return e
+
+
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 def test_an_eagle_engine_s_scheduler_runs_as_an_eagle_drafter_s(async_scheduling: bool) -> None:
     """An EAGLE engine gives the core scheduler the drafter's speculative config: it
@@ -114,15 +129,7 @@ def test_an_eagle_engine_s_scheduler_runs_as_an_eagle_drafter_s(async_scheduling
     hit is those 12 tokens, with EAGLE 8."""
     hits = {}
     for eagle in (False, True):
-        e = FenceEngine(
-            layout="sliding",
-            window_blocks=4,
-            num_gpu_blocks=32,
-            eagle=eagle,
-            async_scheduling=async_scheduling,
-        )
-        e.add_request(list(range(1, 14)), 2, req_id="a")
-        e.drain()
+        e = _a_stored(async_scheduling, eagle=eagle)
         e.add_request([*range(1, 13), 99, 98], 2, req_id="b")
         (new,) = e.step().output.scheduled_new_reqs
         hits[eagle] = (new.num_computed_tokens, e.scheduler.num_lookahead_tokens)
@@ -145,27 +152,18 @@ def test_lookahead_hashes_keep_a_hit_s_last_block_when_the_token_after_it_agrees
     for lookahead in (False, True):
         for cpu_tier in (False, True):
             for token in (13, 99):
-                e = FenceEngine(
-                    layout="sliding",
-                    window_blocks=4,
-                    num_gpu_blocks=32,
-                    eagle=True,
-                    lookahead_hashes=lookahead,
-                    async_scheduling=async_scheduling,
-                )
+                e = _a_stored(async_scheduling, eagle=True, lookahead_hashes=lookahead)
                 assert e.lookahead_hashes is lookahead
                 assert e.connector.use_lookahead_block_hashes is lookahead
-                e.add_request(list(range(1, 14)), 2, req_id="a")
-                e.drain()
                 if cpu_tier:
                     assert e.reset_gpu_cache()
                 e.add_request([*range(1, 13), token, 98], 2, req_id="b")
                 output = e.step().output
-                # a GPU hit is computed as it is scheduled; a CPU-tier one waits on its load
-                hit = [new.num_computed_tokens for new in output.scheduled_new_reqs]
-                hits[lookahead, cpu_tier, token] = e.requests["b"].num_computed_tokens
-                if not cpu_tier:
-                    (hits[lookahead, cpu_tier, token],) = hit
+                if cpu_tier:  # b waits on its load, its hit counted computed
+                    hits[lookahead, cpu_tier, token] = e.requests["b"].num_computed_tokens
+                else:  # b's GPU hit is computed as it is scheduled
+                    (new,) = output.scheduled_new_reqs
+                    hits[lookahead, cpu_tier, token] = new.num_computed_tokens
                 loads = [job for job in e.ledger.load_jobs.values() if job.req_id == "b"]
                 assert len(loads) == int(cpu_tier)
                 e.drain()
