@@ -95,6 +95,13 @@ class EngineConfig:
     retention_interval: int | None  # sliding-window checkpoint retention (None: dense)
 
     @property
+    def hash_lookahead_tokens(self) -> int:
+        """The tokens after each block its hash covers (vLLM 0.34.0's lookahead block
+        hashes, as the config resolved them); 0: the legacy hashes, and every release
+        before 0.33.0, which has no such field."""
+        return getattr(self.vllm, "num_hash_lookahead_tokens", 0)
+
+    @property
     def final_tail_groups(self) -> frozenset[int]:
         """The groups whose final tail a finished request's store may reconsider:
         sliding-window groups other than an EAGLE drafter's."""

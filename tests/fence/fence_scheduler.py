@@ -71,7 +71,7 @@ class SchedulerSide:
         init_none_hash(sha256)
         # vLLM 0.34.0 on: the hashes cover the tokens the config's lookahead says (the
         # engine core builds its hasher so)
-        lookahead = getattr(config.vllm, "num_hash_lookahead_tokens", 0)
+        lookahead = config.hash_lookahead_tokens
         self._hasher = get_request_block_hasher(
             config.hash_block_size, sha256, *((lookahead,) if lookahead else ())
         )
