@@ -500,9 +500,10 @@ FINISHED_CHUNK_ZEROED = "window chunk dropped: a finished request's freed block 
 # computed is first offered a step later, and the window has by then freed its block,
 # handed it out again and zeroed it
 DRAFTED_CHUNK_ZEROED = "window chunk dropped: completed by drafts, its block freed before the store"
-# resumed-junction-chunk-never-offered: a resumed request keeps its store frontier, and
-# a junction its new lookup found below it is never offered
-RESUMED_JUNCTION = "junction chunk never offered: below a resumed request's store frontier"
+# resumed-junction-chunk-never-offered: a resumed request keeps the store frontier of its
+# first run, and a chunk it computes again below that frontier (at a junction its new
+# lookup found, or at its replay boundary, below its first run's hit) is never offered
+RESUMED_FRONTIER = "chunk never offered: computed again below a resumed request's store frontier"
 
 
 class WindowLiveness(StoreLiveness):
@@ -697,9 +698,11 @@ class ReplayLiveness(WindowLiveness):
     which the request's table held a null block once that step was scheduled (a
     prefill in pieces, whose window moved on between them) is not held. Reset,
     preemption and ``tolerate`` as in :class:`WindowLiveness`; with
-    :data:`RESUMED_JUNCTION` tolerated, a junction chunk below the store frontier a
-    request's connector state kept through its last preemption is recorded, not
-    reported (``resumed-junction-chunk-never-offered``).
+    :data:`RESUMED_FRONTIER` tolerated, a chunk a request first computed after a
+    preemption, below the store frontier its connector state kept through that
+    preemption, is recorded, not reported (``resumed-junction-chunk-never-offered``:
+    the frontier of a run that hit past its replay boundary, or the chunk at a
+    junction found anew).
     """
 
     INVARIANT = "L3 the chunks at a request's reachable boundaries are offered to the tier"
@@ -726,10 +729,9 @@ class ReplayLiveness(WindowLiveness):
         )
         self.alignment = alignment
         self.skips_null_chunks = coarse
-        # per request, the chunks held for its junction alone, and the chunk its
-        # connector state would offer next when it was last preempted
-        self.junction_chunks: dict[str, set[int]] = {}
-        self.frontier: dict[str, int] = {}
+        # per request, each preemption's step and the chunk its connector state would
+        # offer next as that step ended
+        self.kept: dict[str, list[tuple[int, int]]] = {}
 
     def __call__(self, engine: Any) -> None:
         super().__call__(engine)
@@ -737,7 +739,7 @@ class ReplayLiveness(WindowLiveness):
             status = engine.connector._req_status.get(req_id)
             if status is not None:
                 at = status.group_states[self.group].next_stored_chunk_idx
-                self.frontier[req_id] = max(self.frontier.get(req_id, 0), at)
+                self.kept.setdefault(req_id, []).append((engine.step_no, at))
 
     def _held_chunks(self, engine: Any, req_id: str, start: int, end: int) -> Iterable[int]:
         request = engine.requests[req_id]
@@ -750,11 +752,8 @@ class ReplayLiveness(WindowLiveness):
             if not start < boundary <= end or boundary % self.chunk_tokens:
                 continue
             chunk = boundary // self.chunk_tokens - 1
-            if self._skipped_for_null(tables, req_id, chunk):
-                continue
-            if boundary != replay:
-                self.junction_chunks.setdefault(req_id, set()).add(chunk)
-            yield chunk
+            if not self._skipped_for_null(tables, req_id, chunk):
+                yield chunk
 
     def _skipped_for_null(self, tables: Any, req_id: str, chunk: int) -> bool:
         """Under a coarse mask, whether ``req_id``'s table held a null block in
@@ -766,16 +765,19 @@ class ReplayLiveness(WindowLiveness):
         )
 
     def reported(self, engine: Any, req_id: str, missing: list[int]) -> list[int]:
-        """As :meth:`WindowLiveness.reported`, less the tolerated junction chunks left
-        behind the frontier of a resumed request, each recorded."""
+        """As :meth:`WindowLiveness.reported`, less the tolerated chunks a resumed
+        request computed again below the frontier it kept, each recorded. A chunk
+        first computed before the preemption was judged by its run's own mask and
+        stays reported."""
         left = super().reported(engine, req_id, missing)
-        if RESUMED_JUNCTION not in self.tolerate:
+        if RESUMED_FRONTIER not in self.tolerate:
             return left
-        behind = self.frontier.get(req_id, 0)
-        junctions = self.junction_chunks.get(req_id, set())
-        for chunk in [c for c in left if c < behind and c in junctions]:
-            left.remove(chunk)
-            engine.known_bug_hits.append((RESUMED_JUNCTION, -1))
+        computed = self.computed_at.get(req_id, {})
+        kept = self.kept.get(req_id, [])
+        for chunk in list(left):
+            if any(computed[chunk] >= step and chunk < at for step, at in kept):
+                left.remove(chunk)
+                engine.known_bug_hits.append((RESUMED_FRONTIER, -1))
         return left
 
 

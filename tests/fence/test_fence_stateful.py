@@ -20,6 +20,7 @@ from __future__ import annotations
 import inspect
 import math
 import random
+import re
 import sys
 import textwrap
 from collections.abc import Callable
@@ -48,7 +49,7 @@ from fence_oracle import (
     DRAFTED_CHUNK_ZEROED,
     FINISHED_CHUNK_ZEROED,
     HIT_TAKEN_FOR_REUSED,
-    RESUMED_JUNCTION,
+    RESUMED_FRONTIER,
     FenceOracle,
     FenceViolation,
     ReplayLiveness,
@@ -158,12 +159,19 @@ WINDOW_TOLERANCE = (
     *((FINISHED_CHUNK_ZEROED,) if has_bug("finished-window-chunk-dropped") else ()),
     *((DRAFTED_CHUNK_ZEROED,) if has_bug("draft-completed-window-chunk-dropped") else ()),
 )
-# A release with resumed-junction-chunk-never-offered keeps a resumed request's store
-# frontier, so the window chunk at a junction its new lookup found below it is never
-# offered: the default-retention check (ReplayLiveness) records such a chunk there.
+# A release with resumed-frontier-skips-recomputed-chunks (or its junction shape,
+# resumed-junction-chunk-never-offered) keeps a resumed request's store frontier, so a
+# window chunk it computes again below that frontier (at its replay boundary below its
+# first run's hit, or at a junction its new lookup found) is never offered: the
+# default-retention check (ReplayLiveness) records such a chunk there.
 REPLAY_TOLERANCE = (
     *WINDOW_TOLERANCE,
-    *((RESUMED_JUNCTION,) if has_bug("resumed-junction-chunk-never-offered") else ()),
+    *(
+        (RESUMED_FRONTIER,)
+        if has_bug("resumed-junction-chunk-never-offered")
+        or has_bug("resumed-frontier-skips-recomputed-chunks")
+        else ()
+    ),
 )
 # A release with multiconnector-allocation-unseen lets the other connector of a
 # MultiConnector load into a block a store still reads: on such a release any program
@@ -1738,6 +1746,75 @@ def test_a_prefix_under_periodic_retention_hits_its_segment_s_end() -> None:
     e = _a_under_segments(liveness)
     assert liveness.check(e) == []
     assert _hits(e, "c") == [16]
+
+
+def _resumed_without_its_hit_program(
+    monkeypatch: pytest.MonkeyPatch, *, strict: bool
+) -> WindowMachine:
+    """The 0.31.0 hunt's program below, up to its teardown, under vLLM's default
+    retention (seed 1 of the hunt's retentions); ``strict``: L3 without the tolerance
+    of the release's known bugs."""
+    monkeypatch.setattr(sys.modules[__name__], "WINDOW_RETENTION", [None, 0])
+    state = WindowMachine()
+    state.start(
+        async_scheduling=False,
+        block_sizes=(4, 2),
+        blocks_per_chunk=1,
+        cpu_chunks=16,
+        delays=[None],
+        enabled=[False, False, False, True],
+        kv_role="kv_both",
+        layout="mixed",
+        ranks="one",
+        second_worker_lag=0,
+        seed=1,
+        spare_blocks=1,
+        window_blocks=2,
+    )
+    assert isinstance(state.liveness, ReplayLiveness)
+    if strict:
+        state.liveness.tolerate = frozenset()
+    for _ in range(3):
+        state.release_held()
+    a, b, c = tuple(range(1, 9)), tuple(range(100, 112)), tuple(range(1, 5))
+    for max_tokens, prefix, tail in [
+        (3, a, 0), (4, a, 0), (1, b, 9), (9, c, 5), (1, a, 3), (6, (), 0),
+        (6, a, 0), (5, (), 9), (6, a, 0), (5, (), 0), (4, b, 2), (2, b, 0),
+    ]:  # fmt: skip
+        state.add_request(max_tokens=max_tokens, prefix=prefix, remote_blocks=0, tail=tail)
+    return state
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["tolerant", "strict"])
+def test_a_request_resumed_without_its_hit_is_held_to_its_replay_chunk(
+    monkeypatch: pytest.MonkeyPatch, strict: bool
+) -> None:
+    """A hunt's program on 0.31.0 (2026-12-07, seed 2924330948, round 131): 4-token
+    full-attention blocks beside 2-token window blocks (a window of two), chunks of one
+    block, one spare block in the pool. r11 (tokens 100-111, replay boundary 8) hits
+    12 tokens in the tier, runs one step and is preempted; it comes back to a tier that
+    has let those chunks go and computes all of them again, but its store frontier
+    stayed past them: its replay chunk (window chunk 3) is never offered, the known
+    resumed-frontier-skips-recomputed-chunks. Where the program preempts r11 so on a
+    release with that bug (0.31.0, 0.32.0; 0.30.0 schedules it otherwise), L3 records
+    it as met, and strict, names it; elsewhere it finds nothing."""
+    state = _resumed_without_its_hit_program(monkeypatch, strict=strict)
+    engine = state.engine
+    assert engine is not None
+    found = []
+    try:
+        state.teardown()
+    except FenceViolation as error:
+        found.append(str(error))
+    meets = has_bug("resumed-frontier-skips-recomputed-chunks") and bool(
+        engine.requests["r11"].num_preemptions
+    )
+    met = [label for label, _ in engine.known_bug_hits if label == RESUMED_FRONTIER]
+    if strict and meets:
+        assert (len(found), met) == (1, [])
+        assert re.search(r"request r11 finished, .* chunks \[3\], each ending", found[0])
+    else:
+        assert (found, met) == ([], [RESUMED_FRONTIER] if meets else [])
 
 
 def test_a_resumed_request_s_final_store_skipping_a_reachable_null_block_is_not_reported() -> None:

@@ -33,7 +33,7 @@ from fence_oracle import (
     DRAFTED_CHUNK_ZEROED,
     FINISHED_CHUNK_ZEROED,
     HIT_TAKEN_FOR_REUSED,
-    RESUMED_JUNCTION,
+    RESUMED_FRONTIER,
     FenceOracle,
     FenceViolation,
     ReplayLiveness,
@@ -1272,23 +1272,141 @@ def test_the_replay_check_names_a_resumed_junction_left_behind(tolerated: bool) 
     the release never offers it, L3 names it, unless it tolerates that very bug, which
     is then recorded as met; where the release offers it, L3 finds nothing."""
     liveness = ReplayLiveness(
-        1, 4, 4, 1, coarse=False, tolerate=[RESUMED_JUNCTION] if tolerated else []
+        1, 4, 4, 1, coarse=False, tolerate=[RESUMED_FRONTIER] if tolerated else []
     )
     e = _r_resumed_at_a_new_junction(liveness)
     # before vLLM 0.30.0 r's first run stores the chunk by an older rule, and r's
     # second run loads it from the tier: there it holds nothing
-    assert liveness.junction_chunks == ({"r": {0}} if at_least("0.30.0") else {})
+    assert set(liveness.computed_at.get("r", {})) == ({0} if at_least("0.30.0") else set())
+    assert [at for _, at in liveness.kept["r"]] == [1]
     found = liveness.check(e)
-    met = [hit for hit, _ in e.known_bug_hits if hit == RESUMED_JUNCTION]
+    met = [hit for hit, _ in e.known_bug_hits if hit == RESUMED_FRONTIER]
     if not has_bug("resumed-junction-chunk-never-offered"):
         assert (found, met) == ([], [])
     elif tolerated:
-        assert (found, met) == ([], [RESUMED_JUNCTION])
+        assert (found, met) == ([], [RESUMED_FRONTIER])
     else:
         assert met == []
         assert [v.invariant for v in found] == [ReplayLiveness.INVARIANT]
         assert "request r finished" in found[0].message
         assert "chunks [0], each ending at" in found[0].message
+
+
+def _r_resumed_below_its_first_hit(liveness: ReplayLiveness | None = None) -> FenceEngine:
+    """The mixed layout, both groups' blocks of 4 tokens, chunks of one block, a window
+    of one, vLLM's default retention, a CPU tier of 6 chunks. p (tokens 100-111 and two
+    more) runs alone and stores its chunks up to its replay boundary, token 12. With the
+    GPU prefix cache emptied, r (tokens 100-111, replay boundary 8) hits p's chunks in
+    the tier, and its store frontier moves past them. q (16 other tokens) arrives as r
+    decodes, and its store takes the tier's room from p's chunks. The engine preempts
+    both (``reset_prefix_cache(reset_running_requests=True)``) and q is aborted: r is
+    looked up anew, finds nothing, and computes every token from the first."""
+    checks = [FenceOracle(), *([liveness] if liveness else [])]
+    e = FenceEngine(
+        layout="mixed",
+        block_size=4,
+        sliding_block_size=4,
+        window_blocks=1,
+        blocks_per_chunk=1,
+        cpu_chunks=6,
+        post_step_fns=checks,
+    )
+    if liveness is not None:
+        liveness.attach(e)
+    e.add_request([*range(100, 112), 1028, 1029], 1, req_id="p")
+    e.drain()
+    assert e.reset_gpu_cache()
+    e.add_request(list(range(100, 112)), 4, req_id="r")
+    while e.requests["r"].num_output_tokens == 0:
+        e.step()
+    e.add_request(list(range(500, 516)), 4, req_id="q")
+    assert set(e.step().output.num_scheduled_tokens) == {"r", "q"}
+    e.step()  # before vLLM 0.30.0 q's store is built a step after its prefill
+    sampled = e.requests["r"].num_tokens
+    e.preempt_all()
+    e.abort("q")
+    e.drain()
+    assert e.requests["r"].num_preemptions == 1
+    # its second run computes its prompt and the tokens it had sampled at once
+    assert max(record.output.num_scheduled_tokens.get("r", 0) for record in e.history) == sampled
+    return e
+
+
+RESUMED_FRONTIER_REPORT = "docs/vllm-bug-resumed-frontier-skips-recomputed-chunks.md"
+
+
+@known_bug(
+    "resumed-frontier-skips-recomputed-chunks",
+    raises=AssertionError,
+    reason=(
+        "r's second run computes its chunks again below the store frontier its first "
+        "run's hit left, and none is offered; the tier has lost them "
+        f"(see {RESUMED_FRONTIER_REPORT})"
+    ),
+)
+def test_a_request_resumed_without_its_hit_offers_its_replay_chunk() -> None:
+    """What r's second run computes at its replay boundary reaches the tier: c,
+    sending tokens 100-111 and two more once the GPU prefix cache alone is emptied,
+    loads the first 8 from there."""
+    e = _r_resumed_below_its_first_hit()
+    assert e.reset_gpu_cache()
+    e.add_request([*range(100, 112), 77, 78], 1, req_id="c")
+    e.drain()
+    assert _hits(e, "c") == [8]
+
+
+@pytest.mark.parametrize("tolerated", [False, True], ids=["nothing", "its-bug"])
+def test_the_replay_check_names_a_replay_chunk_left_below_a_first_hit(tolerated: bool) -> None:
+    """L3 on the same program holds r's window chunk 1 (its replay boundary) to the
+    tier, computed in r's second run alone. Where the release never offers it, L3
+    names it, unless it tolerates that very bug, which is then recorded as met. Before
+    vLLM 0.30.0 p offers every window chunk, r's replay chunk among them: L3, which asks
+    only that some store offered it first, finds nothing there (the tier's loss shows in
+    c's miss)."""
+    liveness = ReplayLiveness(
+        1, 4, 4, 1, coarse=False, tolerate=[RESUMED_FRONTIER] if tolerated else []
+    )
+    e = _r_resumed_below_its_first_hit(liveness)
+    found = liveness.check(e)
+    met = [hit for hit, _ in e.known_bug_hits if hit == RESUMED_FRONTIER]
+    if not (has_bug("resumed-frontier-skips-recomputed-chunks") and at_least("0.30.0")):
+        assert (found, met) == ([], [])
+        return
+    [(preempted, kept)] = liveness.kept["r"]
+    assert kept == 3  # past the replay chunk: the first run's hit ended at token 12
+    assert liveness.computed_at["r"][1] >= preempted
+    if tolerated:
+        assert (found, met) == ([], [RESUMED_FRONTIER])
+    else:
+        assert met == []
+        assert [v.invariant for v in found] == [ReplayLiveness.INVARIANT]
+        assert "chunks [1], each ending at" in found[0].message
+
+
+@pytest.mark.skipif(
+    not at_least("0.33.0"), reason="the fix this test takes out comes with vLLM 0.33.0"
+)
+def test_without_the_restart_s_reset_a_request_resumed_without_its_hit_offers_nothing_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vLLM 0.33.0's fix taken out: L3 names r's replay chunk (on 0.34.0 also chunk 0,
+    at the junction r's second lookup finds there), and c hits nothing."""
+    _plant(
+        monkeypatch,
+        OffloadingConnectorScheduler,
+        "get_num_new_matched_tokens",
+        "group_state.next_stored_chunk_idx = 0",
+        "pass",
+    )
+    liveness = ReplayLiveness(1, 4, 4, 1, coarse=False)
+    e = _r_resumed_below_its_first_hit(liveness)
+    found = liveness.check(e)
+    assert [v.invariant for v in found] == [ReplayLiveness.INVARIANT]
+    assert re.search(r"chunks \[(0, )?1\], each ending at", found[0].message)
+    assert e.reset_gpu_cache()
+    e.add_request([*range(100, 112), 77, 78], 1, req_id="c")
+    e.drain()
+    assert _hits(e, "c") == [0]
 
 
 @pytest.mark.skipif(
