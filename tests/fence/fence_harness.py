@@ -217,7 +217,8 @@ class FenceEngine:
         # vLLM 0.34.0's lookahead block hashes, where asked and every connector takes
         # them (vLLM keeps them off under the second connector): the drafter's group
         # then keeps the last block of a hit, which it otherwise drops
-        self.lookahead_hashes = config.hash_lookahead_tokens > 0
+        self.hash_lookahead_tokens = config.hash_lookahead_tokens
+        self.lookahead_hashes = self.hash_lookahead_tokens > 0
         self.eagle_drop = eagle and not self.lookahead_hashes
         self.group_block_sizes = config.group_block_sizes
         self.hash_block_size = config.hash_block_size

@@ -529,7 +529,8 @@ class WindowLiveness(StoreLiveness):
     holding it is dropped; a missing chunk with such a block is recorded in the
     engine's ``known_bug_hits``, not reported. With :data:`DRAFTED_CHUNK_ZEROED`, so is
     a missing chunk whose last token was an accepted draft (the step scheduled it as a
-    draft) and one of whose blocks was zeroed after the request let it go.
+    draft), or under vLLM 0.34.0's lookahead block hashes a token after it that its
+    hash covers, and one of whose blocks was zeroed after the request let it go.
     """
 
     INVARIANT = "L2 sliding-window chunks at hit boundaries are offered to the tier"
@@ -569,18 +570,21 @@ class WindowLiveness(StoreLiveness):
         cached = output.scheduled_cached_reqs
         starts.update(zip(cached.req_ids, cached.num_computed_tokens, strict=False))
         drafts = output.scheduled_spec_decode_tokens
+        lookahead = getattr(engine, "hash_lookahead_tokens", 0)
         for req_id, scheduled in output.num_scheduled_tokens.items():
             start = starts[req_id]
             end = start + scheduled
             if engine.speculation is not None:  # less the drafts this step rejected
                 end = min(end, committed(engine, engine.requests[req_id]))
-            # where the step's tokens that are not drafts end: a held chunk ending past
-            # it was completed by an accepted draft
+            # where the step's tokens that are not drafts end: a held chunk whose key
+            # needs an accepted draft of this step (its last token, or under vLLM
+            # 0.34.0's lookahead block hashes a token after it that its hash covers)
+            # was completed by drafts, and its store waits for the next step
             own_end = start + scheduled - len(drafts.get(req_id, ()))
             held = self.computed_at.setdefault(req_id, {})
             for chunk in self._held_chunks(engine, req_id, start, end):
                 held.setdefault(chunk, engine.step_no)
-                if (chunk + 1) * self.chunk_tokens > own_end:
+                if min((chunk + 1) * self.chunk_tokens + lookahead, end) > own_end:
                     self.drafted.setdefault(req_id, set()).add(chunk)
 
     def _held_chunks(self, engine: Any, req_id: str, start: int, end: int) -> Iterable[int]:

@@ -1748,6 +1748,68 @@ def test_a_prefix_under_periodic_retention_hits_its_segment_s_end() -> None:
     assert _hits(e, "c") == [16]
 
 
+@pytest.mark.parametrize("strict", [False, True], ids=["tolerant", "strict"])
+def test_a_window_chunk_whose_hash_waits_for_a_draft_is_held_as_draft_completed(
+    strict: bool,
+) -> None:
+    """A hunt's program on 0.34.0 (2026-12-07, seed 194225281, round 14): an EAGLE
+    drafter under vLLM 0.34.0's lookahead block hashes (its seed is odd), two drafts a
+    step, 4-token full-attention blocks beside 2-token window blocks (a window of one),
+    chunks of one block, a tier of one chunk. r2's step 5 computes token 11, the last
+    of window chunk 5, and accepts drafts 12 and 13. The chunk's hash covers token 12,
+    a draft of that step, so its key comes a step later, when the window has moved past
+    its block and zeroed it: the chunk is never offered. That is
+    draft-completed-window-chunk-dropped with the token after the chunk as the draft;
+    L2 records it as that bug where the release has it, and strict, names r2's chunk.
+    Without the lookahead hashes (every other release) the group keeps a trailing chunk
+    back and L2 is off."""
+    state = SpeculativeMachine()
+    state.start(
+        acceptance="random",
+        async_scheduling=False,
+        block_sizes=(4, 2),
+        blocks_per_chunk=1,
+        cpu_chunks=1,
+        delays=[None],
+        eagle=True,
+        enabled=[False, False, True, True],
+        kv_role="kv_both",
+        layout="mixed",
+        ranks="one",
+        remote_source=False,
+        retention=None,
+        second_worker_lag=0,
+        seed=65535,
+        spare_blocks=0,
+        spec_tokens=2,
+        window_blocks=1,
+    )
+    engine = state.engine
+    assert engine is not None
+    assert engine.lookahead_hashes == LOOKAHEAD_HASHES
+    if not LOOKAHEAD_HASHES:
+        assert state.liveness is None
+    elif strict:
+        assert isinstance(state.liveness, WindowLiveness)
+        state.liveness.tolerate = frozenset()
+    for max_tokens, prefix, tail in [
+        (2, (), 0), (7, (), 0), (8, (), 7), (2, (), 0), (1, tuple(range(100, 112)), 9),
+    ]:  # fmt: skip
+        state.add_request(max_tokens=max_tokens, prefix=prefix, remote_blocks=0, tail=tail)
+    found = []
+    try:
+        state.teardown()
+    except FenceViolation as error:
+        found.append(str(error))
+    meets = LOOKAHEAD_HASHES and has_bug("draft-completed-window-chunk-dropped")
+    met = [label for label, _ in engine.known_bug_hits if label == DRAFTED_CHUNK_ZEROED]
+    if strict and meets:
+        assert (len(found), met) == (1, [])
+        assert re.search(r"request r2 finished, .* chunks \[5\], each ending", found[0])
+    else:
+        assert (found, met) == ([], [DRAFTED_CHUNK_ZEROED] if meets else [])
+
+
 def _resumed_without_its_hit_program(
     monkeypatch: pytest.MonkeyPatch, *, strict: bool
 ) -> WindowMachine:
