@@ -14,7 +14,7 @@ import re
 from typing import Any
 
 import pytest
-from fence_config import Role
+from fence_config import LOOKAHEAD_HASHES, Role
 from fence_findings import VLLM_VERSION, at_least, has_bug, known_bug
 from fence_harness import (
     EAGLE_POPPED,
@@ -1152,7 +1152,9 @@ def test_the_window_liveness_check_names_each_dropped_chunk(program: str, tolera
         assert "[0]" in found[0].message
 
 
-def _drafts_complete_a_window_chunk(liveness: WindowLiveness, drafts: int = 2) -> FenceEngine:
+def _drafts_complete_a_window_chunk(
+    liveness: WindowLiveness, drafts: int = 2, lookahead: bool = False
+) -> FenceEngine:
     """The mixed layout, full attention in 4-token blocks and a one-block window of
     2-token blocks, chunks of one block, dense retention, a pool of 8 blocks;
     ``drafts`` drafts a step, all accepted. r0, a 2-token prompt answered with 6
@@ -1160,7 +1162,11 @@ def _drafts_complete_a_window_chunk(liveness: WindowLiveness, drafts: int = 2) -
     (positions 2-3), which a hit ending at token 4 reads, is complete once step 2 has
     run. Step 3 computes from position 5, whose window starts at 4: the window frees
     chunk 1's block in that step's allocation, before the connector builds the step's
-    store, and r1 (a 4-token prompt arriving then) is allocated it in the same step."""
+    store, and r1 (a 4-token prompt arriving then) is allocated it in the same step.
+
+    ``lookahead``: an EAGLE drafter under vLLM 0.34.0's lookahead block hashes, and a
+    3-token prompt: step 2 computes position 3, chunk 1's last, itself, with the drafts
+    at 4 and 5; chunk 1's hash covers position 4, so its key waits for that draft."""
     accept_all = Speculation(2, lambda req_id, step: drafts, lambda req_id, step, n: n)
     e = FenceEngine(
         layout="mixed",
@@ -1169,11 +1175,13 @@ def _drafts_complete_a_window_chunk(liveness: WindowLiveness, drafts: int = 2) -
         window_blocks=1,
         num_gpu_blocks=8,
         retention_interval=None,
+        eagle=lookahead,
+        lookahead_hashes=lookahead,
         speculation=accept_all,
         post_step_fns=[liveness],
     )
     liveness.attach(e)
-    e.add_request([0, 1], max_tokens=6)
+    e.add_request([0, 1, 2] if lookahead else [0, 1], max_tokens=6)
     e.step()
     e.step()
     e.add_request([100, 101, 102, 103], max_tokens=1)
@@ -1182,32 +1190,46 @@ def _drafts_complete_a_window_chunk(liveness: WindowLiveness, drafts: int = 2) -
     return e
 
 
+# the draft a window chunk's key waits for: its last token, or under vLLM 0.34.0's
+# lookahead block hashes the token after it
+DRAFTED_KEYS = [
+    False,
+    pytest.param(
+        True,
+        marks=pytest.mark.skipif(not LOOKAHEAD_HASHES, reason="lookahead hashes: 0.34.0 on"),
+    ),
+]
+
+
 @known_bug(
     "draft-completed-window-chunk-dropped",
     raises=AssertionError,
     reason="the store caps a running request at its tokens, which the step's drafts "
     "are not yet, and the next step's window frees the chunk's block, handed on at once",
 )
-def test_a_window_chunk_completed_by_accepted_drafts_is_offered() -> None:
+@pytest.mark.parametrize("lookahead", DRAFTED_KEYS, ids=["last-token", "lookahead"])
+def test_a_window_chunk_completed_by_accepted_drafts_is_offered(lookahead: bool) -> None:
     liveness = WindowLiveness(1, 2, 4, 1, coarse=False)
-    e = _drafts_complete_a_window_chunk(liveness)
+    e = _drafts_complete_a_window_chunk(liveness, lookahead=lookahead)
     assert liveness.check(e) == []
 
 
-def test_tolerating_a_dropped_drafted_chunk_hides_only_that_chunk() -> None:
+@pytest.mark.parametrize("lookahead", DRAFTED_KEYS, ids=["last-token", "lookahead"])
+def test_tolerating_a_dropped_drafted_chunk_hides_only_that_chunk(lookahead: bool) -> None:
     """Where the release drops it, tolerating the bug records chunk 1 as met and
     reports nothing; without drafts the same answer keeps every chunk, tolerated or
-    not, so the tolerance holds only for a chunk a draft completed."""
+    not, so the tolerance holds only for a chunk a draft completed (under the lookahead
+    hashes chunk 3 too: its key waits for step 3's drafts, and its block stays)."""
     tolerated = WindowLiveness(1, 2, 4, 1, coarse=False, tolerate=[DRAFTED_CHUNK_ZEROED])
-    e = _drafts_complete_a_window_chunk(tolerated)
+    e = _drafts_complete_a_window_chunk(tolerated, lookahead=lookahead)
     assert tolerated.check(e) == []
     met = [label for label, _ in e.known_bug_hits if label == DRAFTED_CHUNK_ZEROED]
     assert met == (
         [DRAFTED_CHUNK_ZEROED] if has_bug("draft-completed-window-chunk-dropped") else []
     )
-    assert tolerated.drafted == {"r0": {1}}
+    assert tolerated.drafted == {"r0": {1, 3} if lookahead else {1}}
     plain = WindowLiveness(1, 2, 4, 1, coarse=False, tolerate=[DRAFTED_CHUNK_ZEROED])
-    e = _drafts_complete_a_window_chunk(plain, drafts=0)
+    e = _drafts_complete_a_window_chunk(plain, drafts=0, lookahead=lookahead)
     met = [label for label, _ in e.known_bug_hits if label == DRAFTED_CHUNK_ZEROED]
     assert (plain.check(e), met, plain.drafted) == ([], [], {})
 
