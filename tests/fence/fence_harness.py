@@ -214,12 +214,10 @@ class FenceEngine:
             spec_tokens=speculation.tokens if speculation else 0,
         )
         self.vllm_config = config.vllm
-        # vLLM 0.34.0's lookahead block hashes, where asked and every connector takes
-        # them (vLLM keeps them off under the second connector): the drafter's group
-        # then keeps the last block of a hit, which it otherwise drops
+        # the tokens after each block its hash covers: vLLM 0.34.0's lookahead block
+        # hashes, where asked and every connector takes them (vLLM keeps them off
+        # under the second connector); 0 for the legacy hashes
         self.hash_lookahead_tokens = config.hash_lookahead_tokens
-        self.lookahead_hashes = self.hash_lookahead_tokens > 0
-        self.eagle_drop = eagle and not self.lookahead_hashes
         self.group_block_sizes = config.group_block_sizes
         self.hash_block_size = config.hash_block_size
         self.ledger = JobLedger(blocks_per_chunk, config.final_tail_groups)
@@ -267,6 +265,17 @@ class FenceEngine:
     @property
     def fence(self) -> dict[int, set[int]]:
         return self.scheduler_side.fence
+
+    @property
+    def lookahead_hashes(self) -> bool:
+        """Whether the lookahead block hashes ran (vLLM 0.34.0)."""
+        return self.hash_lookahead_tokens > 0
+
+    @property
+    def eagle_drop(self) -> bool:
+        """Whether an EAGLE drafter drops a hit's last block: under the legacy hashes;
+        under the lookahead ones its group keeps it."""
+        return self.eagle and not self.lookahead_hashes
 
     @property
     def reset_since_last_step(self) -> bool:

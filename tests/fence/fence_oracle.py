@@ -570,7 +570,7 @@ class WindowLiveness(StoreLiveness):
         cached = output.scheduled_cached_reqs
         starts.update(zip(cached.req_ids, cached.num_computed_tokens, strict=False))
         drafts = output.scheduled_spec_decode_tokens
-        lookahead = getattr(engine, "hash_lookahead_tokens", 0)
+        lookahead = engine.hash_lookahead_tokens
         for req_id, scheduled in output.num_scheduled_tokens.items():
             start = starts[req_id]
             end = start + scheduled
@@ -778,11 +778,9 @@ class ReplayLiveness(WindowLiveness):
             return left
         computed = self.computed_at.get(req_id, {})
         kept = self.kept.get(req_id, [])
-        for chunk in list(left):
-            if any(computed[chunk] >= step and chunk < at for step, at in kept):
-                left.remove(chunk)
-                engine.known_bug_hits.append((RESUMED_FRONTIER, -1))
-        return left
+        behind = {c for c in left if any(computed[c] >= s and c < at for s, at in kept)}
+        engine.known_bug_hits.extend((RESUMED_FRONTIER, -1) for _ in behind)
+        return [c for c in left if c not in behind]
 
 
 class SegmentLiveness(ReplayLiveness):

@@ -1748,6 +1748,28 @@ def test_a_prefix_under_periodic_retention_hits_its_segment_s_end() -> None:
     assert _hits(e, "c") == [16]
 
 
+def _tear_down_a_known_bug_s_program(
+    state: FenceMachine, label: str, meets: Callable[[FenceEngine], bool], strict: bool, named: str
+) -> None:
+    """Tear down a known bug's kept program and check its liveness check's answer.
+    Where the program ``meets`` the bug (asked of the drained engine), the check records
+    it as met (``label``) or, ``strict`` (its tolerance emptied), names it: one
+    violation matching ``named``. Elsewhere it finds and records nothing."""
+    engine = state.engine
+    assert engine is not None
+    found = []
+    try:
+        state.teardown()
+    except FenceViolation as error:
+        found.append(str(error))
+    met = [hit for hit, _ in engine.known_bug_hits if hit == label]
+    if strict and meets(engine):
+        assert (len(found), met) == (1, [])
+        assert re.search(named, found[0])
+    else:
+        assert (found, met) == ([], [label] if meets(engine) else [])
+
+
 @pytest.mark.parametrize("strict", [False, True], ids=["tolerant", "strict"])
 def test_a_window_chunk_whose_hash_waits_for_a_draft_is_held_as_draft_completed(
     strict: bool,
@@ -1796,26 +1818,29 @@ def test_a_window_chunk_whose_hash_waits_for_a_draft_is_held_as_draft_completed(
         (2, (), 0), (7, (), 0), (8, (), 7), (2, (), 0), (1, tuple(range(100, 112)), 9),
     ]:  # fmt: skip
         state.add_request(max_tokens=max_tokens, prefix=prefix, remote_blocks=0, tail=tail)
-    found = []
-    try:
-        state.teardown()
-    except FenceViolation as error:
-        found.append(str(error))
-    meets = LOOKAHEAD_HASHES and has_bug("draft-completed-window-chunk-dropped")
-    met = [label for label, _ in engine.known_bug_hits if label == DRAFTED_CHUNK_ZEROED]
-    if strict and meets:
-        assert (len(found), met) == (1, [])
-        assert re.search(r"request r2 finished, .* chunks \[5\], each ending", found[0])
-    else:
-        assert (found, met) == ([], [DRAFTED_CHUNK_ZEROED] if meets else [])
+    _tear_down_a_known_bug_s_program(
+        state,
+        DRAFTED_CHUNK_ZEROED,
+        lambda _: LOOKAHEAD_HASHES and has_bug("draft-completed-window-chunk-dropped"),
+        strict,
+        r"request r2 finished, .* chunks \[5\], each ending",
+    )
 
 
-def _resumed_without_its_hit_program(
-    monkeypatch: pytest.MonkeyPatch, *, strict: bool
-) -> WindowMachine:
-    """The 0.31.0 hunt's program below, up to its teardown, under vLLM's default
-    retention (seed 1 of the hunt's retentions); ``strict``: L3 without the tolerance
-    of the release's known bugs."""
+@pytest.mark.parametrize("strict", [False, True], ids=["tolerant", "strict"])
+def test_a_request_resumed_without_its_hit_is_held_to_its_replay_chunk(
+    monkeypatch: pytest.MonkeyPatch, strict: bool
+) -> None:
+    """A hunt's program on 0.31.0 (2026-12-07, seed 2924330948, round 131): 4-token
+    full-attention blocks beside 2-token window blocks (a window of two), chunks of one
+    block, one spare block in the pool. r11 (tokens 100-111, replay boundary 8) hits
+    12 tokens in the tier, runs one step and is preempted; it comes back to a tier that
+    has let those chunks go and computes all of them again, but its store frontier
+    stayed past them: its replay chunk (window chunk 3) is never offered, the known
+    resumed-frontier-skips-recomputed-chunks. Where the program preempts r11 so on a
+    release with that bug (0.31.0, 0.32.0; 0.30.0 schedules it otherwise), L3 records
+    it as met, and strict, names it; elsewhere it finds nothing. Run under vLLM's
+    default retention, the hunt's for seed 1."""
     monkeypatch.setattr(sys.modules[__name__], "WINDOW_RETENTION", [None, 0])
     state = WindowMachine()
     state.start(
@@ -1844,39 +1869,16 @@ def _resumed_without_its_hit_program(
         (6, a, 0), (5, (), 9), (6, a, 0), (5, (), 0), (4, b, 2), (2, b, 0),
     ]:  # fmt: skip
         state.add_request(max_tokens=max_tokens, prefix=prefix, remote_blocks=0, tail=tail)
-    return state
-
-
-@pytest.mark.parametrize("strict", [False, True], ids=["tolerant", "strict"])
-def test_a_request_resumed_without_its_hit_is_held_to_its_replay_chunk(
-    monkeypatch: pytest.MonkeyPatch, strict: bool
-) -> None:
-    """A hunt's program on 0.31.0 (2026-12-07, seed 2924330948, round 131): 4-token
-    full-attention blocks beside 2-token window blocks (a window of two), chunks of one
-    block, one spare block in the pool. r11 (tokens 100-111, replay boundary 8) hits
-    12 tokens in the tier, runs one step and is preempted; it comes back to a tier that
-    has let those chunks go and computes all of them again, but its store frontier
-    stayed past them: its replay chunk (window chunk 3) is never offered, the known
-    resumed-frontier-skips-recomputed-chunks. Where the program preempts r11 so on a
-    release with that bug (0.31.0, 0.32.0; 0.30.0 schedules it otherwise), L3 records
-    it as met, and strict, names it; elsewhere it finds nothing."""
-    state = _resumed_without_its_hit_program(monkeypatch, strict=strict)
-    engine = state.engine
-    assert engine is not None
-    found = []
-    try:
-        state.teardown()
-    except FenceViolation as error:
-        found.append(str(error))
-    meets = has_bug("resumed-frontier-skips-recomputed-chunks") and bool(
-        engine.requests["r11"].num_preemptions
+    _tear_down_a_known_bug_s_program(
+        state,
+        RESUMED_FRONTIER,
+        lambda engine: (
+            has_bug("resumed-frontier-skips-recomputed-chunks")
+            and engine.requests["r11"].num_preemptions > 0
+        ),
+        strict,
+        r"request r11 finished, .* chunks \[3\], each ending",
     )
-    met = [label for label, _ in engine.known_bug_hits if label == RESUMED_FRONTIER]
-    if strict and meets:
-        assert (len(found), met) == (1, [])
-        assert re.search(r"request r11 finished, .* chunks \[3\], each ending", found[0])
-    else:
-        assert (found, met) == ([], [RESUMED_FRONTIER] if meets else [])
 
 
 def test_a_resumed_request_s_final_store_skipping_a_reachable_null_block_is_not_reported() -> None:
