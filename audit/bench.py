@@ -14,11 +14,18 @@ one run, it times
       (the no-op),
 and writes ``reports/bench.json``. Timing claims in this project come from here.
 
-Where the two engines disagree on a mutant, it asks why, three ways: mutmut's own
-runner given our killing test alone (does mutmut kill it too?), ours given mutmut's
-order and stopping where mutmut stops, at the first test that fails or hangs (does
-ours say what mutmut said?), and mutmut again, on that mutant alone (does mutmut say
-it twice?). The strict comparison (``statuses_agree``) stays as it was.
+Two comparisons of statuses. ``statuses_agree``: ours as the audit judges (its own
+order of tests, going on past a hung test) against mutmut's run. Where a mutant
+fails one test and hangs another, the two can differ by which test each met first.
+``statuses_agree_in_mutmut_order``: every mutant judged again by ours, in a new
+process, given the tests mutmut's run gave it, in mutmut's order, stopping where
+mutmut stops (the first test that fails or hangs): the same question asked of both
+engines, so a difference there is one of judging, not of order.
+
+Where the first comparison differs on a mutant, it asks why, three ways: mutmut's own
+runner given our killing test alone (does mutmut kill it too?), ours in mutmut's order
+(does ours then say what mutmut said?), and mutmut again, on that mutant alone (does
+mutmut say it twice?).
 """
 
 from __future__ import annotations
@@ -89,6 +96,17 @@ class Bench:
     # each disagreement judged by mutmut again, in a run of its own (its tests timed
     # and ordered afresh): the status mutmut's second run says
     mutmut_again: tuple[tuple[str, str], ...] = ()
+    # every mutant judged by ours in a new process in mutmut's order and stopping as
+    # mutmut stops (ours_in_order): its seconds, and (mutant id, ours so, mutmut) where
+    # the statuses differ ("" for ours: mutmut's stats gave the mutant no test)
+    in_order_s: float = 0.0
+    in_order_disagreements: tuple[tuple[str, str, str], ...] = ()
+
+    @property
+    def statuses_agree_in_mutmut_order(self) -> bool:
+        """Given mutmut's tests, in mutmut's order, stopping where mutmut stops, ours
+        says mutmut's status of every mutant (False when that run was not made)."""
+        return bool(self.in_order_s) and not self.in_order_disagreements
 
     @property
     def disagreements_confirmed(self) -> bool:
@@ -103,12 +121,14 @@ class Bench:
         return tuple(i for i, status in self.in_mutmut_order if status == theirs.get(i))
 
     def ratios(self) -> dict[str, float]:
-        e2e = {
-            "mutmut_over_ours_e2e": round(self.mutmut_s / self.ours_e2e_s, 2),
-            "noop_over_ours_e2e": round(self.noop_s / self.ours_e2e_s, 3),
-        }
+        ratios: dict[str, float] = {}
+        if self.ours_e2e_s:
+            ratios["mutmut_over_ours_e2e"] = round(self.mutmut_s / self.ours_e2e_s, 2)
+            ratios["noop_over_ours_e2e"] = round(self.noop_s / self.ours_e2e_s, 3)
+        if self.in_order_s:
+            ratios["mutmut_over_ours_in_order"] = round(self.mutmut_s / self.in_order_s, 2)
         return {
-            **(e2e if self.ours_e2e_s else {}),
+            **ratios,
             "mutmut_over_ours": round(self.mutmut_s / self.ours_s, 2),
             "mutmut_over_ours_cold": round(self.mutmut_s / self.ours_cold_s, 2),
             "ours_over_floor": round(self.ours_s / self.floor_s, 2),
@@ -227,7 +247,17 @@ def run_bench(
         )
     )
     replayed = [by_id[i] for i, _, _ in disagreements]
-    again = ours_in_order(stage, config, options, replayed, orders, mutant_set.function_hashes)
+    # Every mutant judged again by ours in mutmut's order, stopping where mutmut stops:
+    # the same tests, order and policy after a failure or a hang on both sides, so a
+    # status that differs here is one the two engines' judging differs on.
+    started = time.monotonic()
+    again = ours_in_order(stage, config, options, mutants, orders, mutant_set.function_hashes)
+    in_order_s = time.monotonic() - started
+    order_disagreements = tuple(
+        (m.id, again.get(m.id, ""), theirs[m.id].status.value)
+        for m in mutants
+        if again.get(m.id) != theirs[m.id].status.value
+    )
     twice = tuple(
         (m.id, mutmut_alone(stage, config, m, f"mutmut-again-{n}.log"))
         for n, m in enumerate(replayed, start=1)
@@ -236,6 +266,8 @@ def run_bench(
         killed_after_hangs=killed_after_hangs,
         confirmed_by_mutmut=confirmed,
         in_mutmut_order=tuple((m.id, again.get(m.id, "")) for m in replayed),
+        in_order_s=round(in_order_s, 3),
+        in_order_disagreements=order_disagreements,
         mutmut_again=twice,
         mutants=len(mutants),
         jobs=options.jobs,
@@ -375,7 +407,8 @@ def write_bench(bench: Bench, path: Path) -> dict[str, Any]:
         **{
             k: v
             for k, v in dataclasses.asdict(bench).items()
-            if k not in ("disagreements", "in_mutmut_order", "mutmut_again")
+            if k
+            not in ("disagreements", "in_mutmut_order", "mutmut_again", "in_order_disagreements")
         },
         "in_mutmut_order": dict(bench.in_mutmut_order),
         "mutmut_again": dict(bench.mutmut_again),
@@ -383,6 +416,11 @@ def write_bench(bench: Bench, path: Path) -> dict[str, Any]:
         "reproduced_in_mutmut_order": list(bench.reproduced_in_mutmut_order),
         "disagreements": [
             {"id": i, "ours": ours, "mutmut": theirs} for i, ours, theirs in bench.disagreements
+        ],
+        "statuses_agree_in_mutmut_order": bench.statuses_agree_in_mutmut_order,
+        "in_order_disagreements": [
+            {"id": i, "ours_in_mutmut_order": ours, "mutmut": theirs}
+            for i, ours, theirs in bench.in_order_disagreements
         ],
         "ratios": bench.ratios(),
     }
@@ -422,6 +460,22 @@ def format_bench(bench: Bench) -> str:
                 if bench.disagreements
                 and len(bench.reproduced_in_mutmut_order) == len(bench.disagreements)
                 else ""
+            ),
+            *(
+                [
+                    f"ours in mutmut's order    {bench.in_order_s:8.1f} s   "
+                    f"mutmut / that = {ratios['mutmut_over_ours_in_order']}   (a new process; "
+                    "each mutant's tests as mutmut ran them, stopping where mutmut stops)",
+                    f"  statuses agree so       {bench.statuses_agree_in_mutmut_order}"
+                    + "".join(
+                        f"\n  {i}: ours in that order "
+                        + (a or "not judged (mutmut's stats give it no test)")
+                        + f", mutmut {b}"
+                        for i, a, b in bench.in_order_disagreements
+                    ),
+                ]
+                if bench.in_order_s
+                else []
             ),
             f"(not timed above: mutant generation {bench.generation_s:.1f} s, "
             f"baseline under coverage {bench.baseline_s:.1f} s)",

@@ -125,3 +125,40 @@ def test_mutmut_s_second_run_of_each_disagreement_is_said(tmp_path: Path) -> Non
     assert second.endswith("; mutmut, run again alone, says killed)")
     document = write_bench(bench, tmp_path / "bench.json")
     assert document["mutmut_again"] == {"f:a@1": "timeout", "f:b@2": "killed"}
+
+
+def test_every_mutant_in_mutmut_s_order_is_a_second_comparison(tmp_path: Path) -> None:
+    """Ours judged every mutant again in mutmut's order: agreement there is said apart
+    from the first comparison's, each difference is named, one mutmut's stats gave no
+    test among them, and no run at all is not agreement."""
+    assert not AGREED.statuses_agree_in_mutmut_order  # that run was not made
+    assert "in mutmut's order" not in format_bench(AGREED)
+
+    agreed = dataclasses.replace(after_hangs("f:a@1", "f:b@2"), in_order_s=40.0)
+    assert agreed.statuses_agree_in_mutmut_order
+    text = format_bench(agreed)
+    assert "statuses agree            False" in text
+    assert "  statuses agree so       True" in text
+    assert "mutmut / that = 2.5" in text  # 100 / 40
+    document = write_bench(agreed, tmp_path / "bench.json")
+    assert document["statuses_agree_in_mutmut_order"] is True
+    assert document["ratios"]["mutmut_over_ours_in_order"] == 2.5
+
+    differs = dataclasses.replace(
+        agreed,
+        in_order_disagreements=(("f:a@1", "killed", "timeout"), ("f:d@4", "", "no_tests")),
+    )
+    assert not differs.statuses_agree_in_mutmut_order
+    lines = format_bench(differs).splitlines()
+    assert "  statuses agree so       False" in lines
+    assert "  f:a@1: ours in that order killed, mutmut timeout" in lines
+    assert (
+        "  f:d@4: ours in that order not judged (mutmut's stats give it no test), mutmut no_tests"
+        in lines
+    )
+    document = write_bench(differs, tmp_path / "bench.json")
+    assert document["in_order_disagreements"][1] == {
+        "id": "f:d@4",
+        "ours_in_mutmut_order": "",
+        "mutmut": "no_tests",
+    }
