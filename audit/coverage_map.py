@@ -12,8 +12,8 @@ import contextlib
 import functools
 import os
 import shutil
+import subprocess
 import sys
-import threading
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,56 +89,87 @@ def _read_measured(data_file: Path, target: Path, mtime_ns: int, size: int) -> _
 def render_html(run: BaselineRun, folder: Path) -> None:
     """coverage.py's HTML for the target file, contexts shown, into ``folder``; it
     touches nothing else (:class:`HtmlInBackground` runs it beside the mutants)."""
-    cov = coverage.Coverage(data_file=str(run.data_file), branch=True, config_file=False)
+    _render(run.data_file, run.target.path, run.target.module, folder)
+
+
+def _render(data_file: Path, target: Path, module: str, folder: Path) -> None:
+    cov = coverage.Coverage(data_file=str(data_file), branch=True, config_file=False)
     cov.load()
     cov.html_report(
         directory=str(folder),
-        include=[str(run.target.path)],
+        include=[str(target)],
         show_contexts=True,
-        title=f"fence-audit baseline: {run.target.module}",
+        title=f"fence-audit baseline: {module}",
     )
 
 
 class HtmlInBackground:
-    """The coverage HTML rendered on a thread of its own at the lowest CPU priority,
+    """The coverage HTML rendered by a process of its own at the lowest CPU priority,
     while the mutants are judged, then put in place by :meth:`finish`.
 
     It costs 0.7 s of one core on vLLM 0.33.0's scheduler, and it came between the
-    baseline and the mutants: time both cores waited. At nice 19 the thread takes
+    baseline and the mutants: time both cores waited. At nice 19 the process takes
     what the judging leaves idle (its forks run at normal priority); whatever is
-    left when the judging ends runs then. Only the rendering is on the thread; the
-    reports folder and its list of what fence-audit wrote are touched by the caller's
-    thread alone (:meth:`finish`).
+    left when the judging ends runs then. The process writes only its scratch folder;
+    the reports folder and its list of what fence-audit wrote are touched by the
+    caller alone (:meth:`finish`).
+
+    A process, not a thread: CPython 3.11's ``ast`` module keeps one recursion count
+    for the whole interpreter, so coverage.py parsing the target on a thread while
+    the caller's thread parses too can fail with "AST constructor recursion depth
+    mismatch" (CPython gh-106905). It did, once, in CI (2026-12-07, a toy shard
+    run under load).
     """
 
     def __init__(self, run: BaselineRun, directory: Path, kept: Path | None, work: Path):
         self.run, self.directory, self.kept = run, directory, kept
         self.folder = work / "coverage-html"
         shutil.rmtree(self.folder, ignore_errors=True)  # in the scratch folder: ours
-        self.error: BaseException | None = None
         self.done = False
-        self.thread = threading.Thread(target=self._render, name="coverage-html", daemon=True)
-        self.thread.start()
+        argv = [str(run.data_file), str(run.target.path), run.target.module, str(self.folder)]
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "audit.coverage_map", *argv],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.stderr = ""
 
-    def _render(self) -> None:
-        try:
-            if sys.platform.startswith("linux"):  # a thread's id names the thread there
-                with contextlib.suppress(OSError):  # not allowed: normal priority, then
-                    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-            render_html(self.run, self.folder)
-        except BaseException as error:  # raised again by finish, on the caller's thread
-            self.error = error
+    def wait(self) -> int:
+        """Wait for the rendering; its exit code."""
+        if self.process.returncode is None:
+            _, self.stderr = self.process.communicate()
+        return self.process.returncode
 
     def finish(self) -> None:
         """Wait for the rendering, then replace the reports' coverage folder (once)."""
         if self.done:
             return
         self.done = True
-        self.thread.join()
-        if self.error is not None:
-            raise self.error
+        if self.wait() != 0:
+            lines = self.stderr.strip().splitlines() or [f"exit code {self.process.returncode}"]
+            raise HtmlRenderError(f"coverage.py's HTML of the baseline failed: {lines[-1]}")
         write_html(self.run, self.directory, self.kept, rendered=self.folder)
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class HtmlRenderError(RuntimeError):
+    """The background rendering of the coverage HTML failed (its last line of error)."""
+
+
+def _main(argv: list[str]) -> int:
+    """``python -m audit.coverage_map DATA_FILE TARGET MODULE FOLDER``: the rendering
+    :class:`HtmlInBackground` starts, at the lowest CPU priority."""
+    with contextlib.suppress(OSError):  # not allowed: normal priority, then
+        os.nice(19)
+    data_file, target, module, folder = argv
+    try:
+        _render(Path(data_file), Path(target), module, Path(folder))
+    except Exception as error:  # one line for the caller, which raises it
+        print(f"{type(error).__name__}: {error}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def region_coverage(run: BaselineRun, regions: tuple[Region, ...]) -> tuple[RegionCoverage, ...]:
@@ -277,3 +308,7 @@ def format_table(regions: tuple[RegionCoverage, ...]) -> str:
     rule = "  ".join("-" * w for w in widths)
     title = "  ".join(cell.ljust(w) for cell, w in zip(header, widths, strict=True))
     return "\n".join([title, rule, *lines])
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -111,7 +111,7 @@ def test_html_rendered_in_the_background_is_put_in_place_at_finish(toy) -> None:
     kept = config.reports_dir / "kept" / "html"
     kept.parent.mkdir()
     html = coverage_map.HtmlInBackground(baseline, background, kept, work)
-    html.thread.join()
+    assert html.wait() == 0
     assert not background.exists()  # rendered, not yet in place
     html.finish()
     html.finish()  # once: a second close changes nothing
@@ -131,7 +131,7 @@ def test_html_that_fails_in_the_background_fails_the_run_at_finish(toy) -> None:
     html = coverage_map.HtmlInBackground(
         missing, config.reports_dir / "coverage", None, config.reports_dir / ".work"
     )
-    with pytest.raises(coverage.exceptions.NoDataError):
+    with pytest.raises(coverage_map.HtmlRenderError, match="failed: NoDataError: No data"):
         html.finish()
     assert not (config.reports_dir / "coverage").exists()
 
