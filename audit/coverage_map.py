@@ -118,7 +118,10 @@ class HtmlInBackground:
     for the whole interpreter, so coverage.py parsing the target on a thread while
     the caller's thread parses too can fail with "AST constructor recursion depth
     mismatch" (CPython gh-106905). It did, once, in CI (2026-12-07, a toy shard
-    run under load).
+    run under load). The process has a session of its own: a Ctrl-C at the terminal,
+    or a SIGTERM to the run's process group, stops the run, not the rendering, which
+    ends on its own well within a second, and an interrupted run's :meth:`finish`
+    still puts it in place, as the thread's did.
     """
 
     def __init__(self, run: BaselineRun, directory: Path, kept: Path | None, work: Path):
@@ -133,6 +136,7 @@ class HtmlInBackground:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
+            start_new_session=True,
         )
         self.stderr = ""
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -111,6 +112,8 @@ def test_html_rendered_in_the_background_is_put_in_place_at_finish(toy) -> None:
     kept = config.reports_dir / "kept" / "html"
     kept.parent.mkdir()
     html = coverage_map.HtmlInBackground(baseline, background, kept, work)
+    # a Ctrl-C at the terminal goes to the run's process group: not to the rendering's
+    assert os.getpgid(html.process.pid) != os.getpgid(0)
     assert html.wait() == 0
     assert not background.exists()  # rendered, not yet in place
     html.finish()
