@@ -29,6 +29,8 @@ class ExitCode(IntEnum):
     CATALOGUE_STALE = 12  # `catalogue check`: an entry no longer applies to the source
     INCOMPLETE = 13  # the gate: the results are of an interrupted run
     HUNT_FOUND = 14  # `nox -s hunt`: the machine raised; hunt.md holds the shrunk program
+    PATCH_DOES_NOT_APPLY = 15  # `nox -s upstream`: a fix no longer applies to the release
+    UPSTREAM_CHECK_FAILED = 16  # `nox -s upstream`: a check of the patch series failed
     INTERNAL = 70  # a bug in fence-audit
     INTERRUPTED = 130  # Ctrl-C or SIGTERM: the results so far are written, marked incomplete
 
@@ -97,6 +99,18 @@ class ResultsIncomplete(AuditError):
     """The gate was given the results of an interrupted run: it cannot pass on them."""
 
     exit_code = ExitCode.INCOMPLETE
+
+
+class PatchDoesNotApply(AuditError):
+    """A patch of the upstream series does not apply to the release's files."""
+
+    exit_code = ExitCode.PATCH_DOES_NOT_APPLY
+
+
+class UpstreamCheckFailed(AuditError):
+    """A check of the upstream series failed (a test, the patched audit, the hunt)."""
+
+    exit_code = ExitCode.UPSTREAM_CHECK_FAILED
 
 
 class ExecutorFailed(AuditError):

@@ -144,9 +144,29 @@ def sdist_module(
     version_from: str = "the version",
 ) -> str:
     """The text of ``module`` (dotted) as vLLM ``version``'s sdist ships it: a release's
-    code, read without installing the release. Kept in the cache beside the archive,
-    keyed by the archive's sha256, so a second read decompresses nothing."""
-    relpath = module_relpath(module)
+    code, read without installing the release."""
+    return sdist_file(
+        version,
+        module_relpath(module),
+        index_url=index_url,
+        cache_dir=cache_dir,
+        version_from=version_from,
+        next_step="check the module name (target = ...)",
+    )
+
+
+def sdist_file(
+    version: str,
+    relpath: str,
+    *,
+    index_url: str,
+    cache_dir: Path,
+    version_from: str = "the version",
+    next_step: str = "check the path inside the sdist",
+) -> str:
+    """The text of ``relpath`` (``vllm/...py``, ``pyproject.toml``) as vLLM ``version``'s
+    sdist ships it. Kept in the cache beside the archive, keyed by the archive's
+    sha256, so a second read decompresses nothing."""
     kept = cache_dir / "modules" / f"vllm-{version}" / relpath
     digest_file = cache_dir / "sdist" / f"vllm-{version}.tar.gz.sha256"
     stamp = kept.with_name(kept.name + ".sha256")
@@ -169,7 +189,7 @@ def sdist_module(
     except KeyError:
         raise SourceUnavailable(
             f"vLLM {version}'s sdist has no {relpath}",
-            details={"archive": str(archive), "next": "check the module name (target = ...)"},
+            details={"archive": str(archive), "next": next_step},
         ) from None
     except (tarfile.TarError, EOFError, zlib.error, UnicodeDecodeError) as error:
         raise SourceIntegrityError(
