@@ -369,3 +369,20 @@ def lock(session: nox.Session) -> None:
     frozen = session.run("python", "-m", "pip", "freeze", "--exclude-editable", silent=True)
     assert isinstance(frozen, str)
     (LOCKS / f"vllm-{version}.txt").write_text(recipe.render(version, wheel, plan, frozen))
+
+
+@nox.session(venv_backend="none", default=False)
+def upstream(session: nox.Session) -> None:
+    """Verify the upstream series (docs/upstream/) on a release: reports/upstream/index.html.
+
+    `nox -s upstream -- [--hunt-seconds N] [--no-audit] [--no-hunt]`, in the lean
+    environment of $FENCE_AUDIT_VLLM_VERSION, else the release the series is written
+    against (docs/upstream/series.toml). Exit 0: every check passed; 16: one failed;
+    15: a patch no longer applies to the release.
+    """
+    series = tomllib.loads((ROOT / "docs" / "upstream" / "series.toml").read_text())
+    version = os.environ.get("FENCE_AUDIT_VLLM_VERSION") or series["release"]
+    os.environ["FENCE_AUDIT_VLLM_VERSION"] = version
+    bindir = lean_env(session, version)
+    run_keeping_code(session, str(bindir / "python"), "-m", "audit.upstream", "check",
+                     *session.posargs)  # fmt: skip

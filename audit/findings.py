@@ -12,6 +12,7 @@ release the finding does not list says so, so the registry is kept true.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,18 @@ from audit.errors import invalid_file
 from audit.inputs import read_toml
 from audit.protocol import PROJECT_PREFIX
 
-_KEYS = {"id", "title", "doc", "releases", "tests"}
+_KEYS = {"id", "title", "doc", "releases", "tests", "effect"}
+# what a user of vLLM sees when the bug strikes
+EFFECTS = ("wrong KV data", "lost reuse", "crash", "hang")
+# The findings the vLLM under test no longer has although its release does: the
+# upstream checks set it when they audit a release with the series' fixes applied
+# (audit/upstream). Comma-separated ids; the fence suite reads the same variable.
+FIXED_ENV = "FENCE_AUDIT_FIXED_FINDINGS"
+
+
+def fixed_findings() -> frozenset[str]:
+    """The ids ``$FENCE_AUDIT_FIXED_FINDINGS`` declares fixed in the code under test."""
+    return frozenset(filter(None, (i.strip() for i in os.environ.get(FIXED_ENV, "").split(","))))
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +43,7 @@ class Finding:
     doc: str  # the write-up, relative to the project folder
     releases: tuple[str, ...]  # the releases that have the bug
     tests: tuple[str, ...]  # node ids (or prefixes) under this repository
+    effect: str = ""  # one of EFFECTS: what a vLLM user sees
 
     def exposes(self, test_id: str) -> bool:
         """Whether ``test_id`` (as the baseline names it) is one of this bug's tests."""
@@ -38,6 +51,10 @@ class Finding:
         return any(local == t or local.startswith(t + "[") for t in self.tests)
 
     def in_release(self, version: str) -> bool:
+        """Whether the code under test has this bug: its release is listed, and no fix
+        of it is applied (:func:`fixed_findings`)."""
+        if self.id in fixed_findings():
+            return False
         return release_key(version) in {release_key(r) for r in self.releases}
 
 
@@ -115,6 +132,13 @@ def _finding(entry: object, where: str) -> Finding:
             raise invalid_file(
                 f"{key!r} must be a non-empty list of strings", where, f'write {key} = ["..."]'
             )
+    effect = entry.get("effect", "")
+    if effect not in ("", *EFFECTS):
+        raise invalid_file(
+            f"effect {effect!r} is not one of {', '.join(EFFECTS)}",
+            where,
+            "name what a vLLM user sees: " + ", ".join(repr(e) for e in EFFECTS),
+        )
     for release in lists["releases"] or ():
         if release_key(release) is None:
             raise invalid_file(
@@ -128,6 +152,7 @@ def _finding(entry: object, where: str) -> Finding:
         doc=str(texts["doc"]),
         releases=tuple(lists["releases"] or ()),
         tests=tuple(lists["tests"] or ()),
+        effect=str(effect),
     )
 
 

@@ -102,9 +102,7 @@ def read_junit(junit: Path) -> tuple[TestOutcome, ...]:
         classname, name = case.get("classname", ""), case.get("name", "")
         parts = classname.split(".")
         # classname is the module's dotted path (and a class), name the function
-        module = next(
-            (i for i in range(len(parts), 0, -1) if parts[i - 1].startswith("test_")), 0
-        )
+        module = next((i for i in range(len(parts), 0, -1) if parts[i - 1].startswith("test_")), 0)
         test_id = "/".join(parts[:module]) + ".py::" + "::".join([*parts[module:], name])
         outcome, message = PASSED, ""
         for child in case:

@@ -101,9 +101,7 @@ def load_series(root: Path, known_findings: set[str] | None = None) -> Series:
     return Series(root=root, release=release, fixes=tuple(fixes), gap_tests=gap_tests)
 
 
-def _check_fix(
-    fix: Fix, root: Path, where: str, source: str, known: set[str] | None
-) -> None:
+def _check_fix(fix: Fix, root: Path, where: str, source: str, known: set[str] | None) -> None:
     if known is not None and fix.finding not in known:
         raise ConfigError(
             f"{where}.finding {fix.finding!r} is not a finding of docs/findings.toml",
@@ -122,5 +120,9 @@ def _exists(path: Path, key: str, source: str) -> None:
     if not path.is_file():
         raise ConfigError(
             f"{key} names {path.name}, which is not a file",
-            details={"file": source, "looked in": str(path), "next": "add the file, or fix the name"},
+            details={
+                "file": source,
+                "looked in": str(path),
+                "next": "add the file, or fix the name",
+            },
         )

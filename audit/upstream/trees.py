@@ -62,7 +62,7 @@ def _link_entries(source: Path, target: Path, skip: str = "") -> None:
     if not source.is_dir():
         return
     for entry in source.iterdir():
-        if entry.name == skip or entry.name == "__pycache__":
+        if entry.name in (skip, "__pycache__"):
             continue
         link = target / entry.name
         if not link.exists() and not link.is_symlink():
@@ -109,29 +109,32 @@ def apply_patch(patch: Path, tree: Path, release: str) -> None:
 def build_tree(
     target: Path,
     *,
-    tests_root: Path,
-    drop_in: Iterable[Path],
+    tests_root: Path | None,
+    drop_in: Iterable[Path] = (),
     vllm_root: Path | None = None,
+    vllm_files: Iterable[str] = (),
     patches: Iterable[Path] = (),
     release: str,
 ) -> Path:
     """A vLLM checkout-shaped folder at ``target`` (replaced if there): ``tests_root``'s
-    ``tests/`` with ``drop_in`` files in :data:`TEST_FOLDER`; with ``patches``, also
-    ``vllm_root`` (the installed ``vllm`` package) as ``vllm/``, each patch applied in
-    order."""
+    ``tests/`` (none when None) with ``drop_in`` files in :data:`TEST_FOLDER`; with
+    ``patches`` or ``vllm_files`` (paths from the checkout's root, ``vllm/...``), also
+    ``vllm_root`` (the installed ``vllm`` package) as ``vllm/``, those files and the
+    patches' real, each patch applied in order."""
     if target.is_symlink() or target.is_file():
         target.unlink()
     elif target.exists():
         shutil.rmtree(target)
     target.mkdir(parents=True)
-    mirror(tests_root, target, [TEST_FOLDER])
-    for file in drop_in:
-        shutil.copyfile(file, target / TEST_FOLDER / file.name)
+    if tests_root is not None:
+        mirror(tests_root, target, [TEST_FOLDER])
+        for file in drop_in:
+            shutil.copyfile(file, target / TEST_FOLDER / file.name)
     patches = list(patches)
-    if patches:
+    changed = sorted({*vllm_files, *(f for p in patches for f in patched_files(p))})
+    if changed:
         if vllm_root is None:
-            raise ValueError("patches need the installed vLLM to mirror")
-        changed = sorted({f for p in patches for f in patched_files(p)})
+            raise ValueError("patched files need the installed vLLM to mirror")
         outside = [f for f in changed if not f.startswith("vllm/")]
         if outside:
             raise ConfigError(

@@ -24,14 +24,23 @@ class Workspace:
     work: Path  # reports/upstream/work
 
     def tree(
-        self, name: str, drop_in: Iterable[Path] = (), patches: Iterable[Path] = ()
+        self,
+        name: str,
+        drop_in: Iterable[Path] = (),
+        patches: Iterable[Path] = (),
+        *,
+        tests: bool = True,
+        vllm_files: Iterable[str] = (),
     ) -> Path:
-        """The tree ``work/name``, built afresh (:func:`audit.upstream.trees.build_tree`)."""
+        """The tree ``work/name``, built afresh (:func:`audit.upstream.trees.build_tree`):
+        with vLLM's tests unless ``tests`` is False, with ``vllm/`` when a patch or a
+        file of ``vllm_files`` needs it."""
         tree = build_tree(
             self.work / name,
-            tests_root=self.tests_root,
+            tests_root=self.tests_root if tests else None,
             drop_in=drop_in,
             vllm_root=self.vllm_package,
+            vllm_files=vllm_files,
             patches=patches,
             release=self.release,
         )
