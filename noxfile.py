@@ -371,7 +371,7 @@ def lock(session: nox.Session) -> None:
     (LOCKS / f"vllm-{version}.txt").write_text(recipe.render(version, wheel, plan, frozen))
 
 
-@nox.session(venv_backend="none", default=False)
+@nox.session(default=False)
 def upstream(session: nox.Session) -> None:
     """Verify the upstream series (docs/upstream/) on a release: reports/upstream/index.html.
 
@@ -384,5 +384,7 @@ def upstream(session: nox.Session) -> None:
     version = os.environ.get("FENCE_AUDIT_VLLM_VERSION") or series["release"]
     os.environ["FENCE_AUDIT_VLLM_VERSION"] = version
     bindir = lean_env(session, version)
+    session.install(LINT_TOOLS[0])  # ruff, for vLLM's lint and format of the series' tests
+    ruff = str(Path(session.bin) / "ruff")
     run_keeping_code(session, str(bindir / "python"), "-m", "audit.upstream", "check",
-                     *session.posargs)  # fmt: skip
+                     "--ruff", ruff, *session.posargs)  # fmt: skip

@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="every check of the series on the installed release")
     check.add_argument("--hunt-seconds", type=int, default=HUNT_SECONDS)
+    check.add_argument("--ruff", default="", help="ruff's executable (vLLM's lint and format)")
     check.add_argument("--no-audit", action="store_true", help="leave out the two audits")
     check.add_argument("--no-hunt", action="store_true", help="leave out the hunt")
     check.add_argument("--reports", type=Path, help="reports folder (default: reports)")
@@ -81,7 +82,10 @@ def _check(config: Config, args: argparse.Namespace) -> int:
     series = load_series(SERIES, set(findings))
     workspace = open_workspace(config, reports.parent)
     options = Options(
-        hunt_seconds=args.hunt_seconds, audit=not args.no_audit, hunt=not args.no_hunt
+        ruff=args.ruff,
+        hunt_seconds=args.hunt_seconds,
+        audit=not args.no_audit,
+        hunt=not args.no_hunt,
     )
     print(
         f"upstream: {len(series.fixes)} fixes and {len(series.gap_tests)} gap test files "

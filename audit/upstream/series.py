@@ -4,7 +4,10 @@
 Per open finding (an id of ``docs/findings.toml``), a *fix*: its regression test (a
 node id in one of the vLLM-idiom test files of ``docs/upstream/tests/``, which drop
 into vLLM's offloading connector test folder) and its patch (``docs/upstream/patches/``,
-a ``git diff`` of vLLM's source). Beside them, the *gap tests*: vLLM-idiom test files
+a ``git diff`` of vLLM's source as released: one pull request each). The fixes are a
+series, in the file's order; where two fixes change the same lines, the later one also
+has a ``rebased`` patch, written on top of the fixes before it, which the series
+applies instead. Beside them, the *gap tests*: vLLM-idiom test files
 that close what vLLM's own fence tests miss, with no finding of their own.
 """
 
@@ -20,16 +23,24 @@ from audit.inputs import read_toml
 
 SERIES_FILE = "series.toml"
 _TOP = {"release", "fix", "gaps"}
-_FIX = {"finding", "test", "patch", "touches"}
+_FIX = {"finding", "test", "patch", "rebased", "touches"}
 _GAPS = {"tests"}
 
 
 @dataclass(frozen=True, slots=True)
 class Fix:
     finding: str  # an id of docs/findings.toml
-    test: str  # "test_file.py::test_name", the file in docs/upstream/tests/
-    patch: Path  # the fix, a `git diff` of vLLM's source
+    test: str  # "test_file.py::test_name" (or "test_file.py": its every test), in tests/
+    patch: Path  # the fix, a `git diff` of vLLM's source as released (its pull request)
     touches: tuple[str, ...]  # "vllm/...py: Class.function", what the patch changes
+    # the same fix rebased on the fixes before it in the series, where ``patch`` no
+    # longer applies there (two fixes of one function): what the series applies
+    rebased: Path | None = None
+
+    @property
+    def in_series(self) -> Path:
+        """The patch the series applies, in order, on top of the fixes before it."""
+        return self.rebased or self.patch
 
     @property
     def test_file(self) -> str:
@@ -83,6 +94,7 @@ def load_series(root: Path, known_findings: set[str] | None = None) -> Series:
             test=_string(entry, "test", source, where),
             patch=root / _string(entry, "patch", source, where),
             touches=_strings(entry, "touches", source, where),
+            rebased=root / entry["rebased"] if "rebased" in entry else None,
         )
         _check_fix(fix, root, where, source, known_findings)
         fixes.append(fix)
@@ -107,13 +119,15 @@ def _check_fix(fix: Fix, root: Path, where: str, source: str, known: set[str] | 
             f"{where}.finding {fix.finding!r} is not a finding of docs/findings.toml",
             details={"file": source, "next": "use the finding's id as the registry spells it"},
         )
-    if "::" not in fix.test:
+    if not fix.test_file.endswith(".py"):
         raise ConfigError(
-            f"{where}.test must name a test, FILE.py::TEST, not {fix.test!r}",
+            f"{where}.test must name a test file or a test, FILE.py[::TEST], not {fix.test!r}",
             details={"file": source, "next": "write the test's node id in its file"},
         )
     _exists(root / "tests" / fix.test_file, f"{where}.test", source)
     _exists(fix.patch, f"{where}.patch", source)
+    if fix.rebased is not None:
+        _exists(fix.rebased, f"{where}.rebased", source)
 
 
 def _exists(path: Path, key: str, source: str) -> None:

@@ -139,7 +139,7 @@ def test_the_series_file_names_fixes_and_gap_tests(tmp_path: Path) -> None:
     ("change", "message"),
     [
         (('finding = "bug"', 'finding = "typo"'), "is not a finding of docs/findings.toml"),
-        (('test = "test_bug.py::test_it"', 'test = "test_bug.py"'), "must name a test"),
+        (('test = "test_bug.py::test_it"', 'test = "test_bug::test_it"'), "must name a test"),
         (('patch = "patches/bug.patch"', 'patch = "patches/no.patch"'), "not a file"),
         (("[gaps]", "[gap]"), "unknown key 'gap'"),
         (('release = "0.34.0"', 'release = "main"'), "is not a release"),
