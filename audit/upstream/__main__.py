@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--no-audit", action="store_true", help="leave out the two audits")
     check.add_argument("--no-hunt", action="store_true", help="leave out the hunt")
     check.add_argument("--reports", type=Path, help="reports folder (default: reports)")
+    check.add_argument("--series", type=Path, default=SERIES, help="default: docs/upstream")
     trying = sub.add_parser("try", help="run one vLLM-idiom test file, patched or not")
     trying.add_argument("file", type=Path)
     trying.add_argument("--patch", type=Path, action="append", default=[])
@@ -79,7 +80,7 @@ def _config() -> Config:
 def _check(config: Config, args: argparse.Namespace) -> int:
     reports = (args.reports or config.reports_dir) / "upstream"
     findings = {f.id: f for f in load_findings(config.findings_file, ROOT)}
-    series = load_series(SERIES, set(findings))
+    series = load_series(args.series, set(findings))
     workspace = open_workspace(config, reports.parent)
     options = Options(
         ruff=args.ruff,
