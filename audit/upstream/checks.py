@@ -4,7 +4,8 @@
    fix's rebased patch in place of its own where it has one (else
    :class:`~audit.errors.PatchDoesNotApply`, before any test runs).
 2. Each finding's vLLM-idiom test fails on the release as it is, with an assertion
-   (not an error); each gap test passes there.
+   (not an error); vLLM's offloading folder with the gap tests passes there, each
+   file timed (the cost of running it in vLLM's CPU job).
 3. Each finding's test passes with its own patch.
 4. With every patch applied, vLLM's whole offloading test folder passes, the series'
    files in it.
@@ -80,6 +81,10 @@ class Outcome:
     gap_score: Score | None = None  # vLLM's suite plus the gap tests
     patched_score: Score | None = None  # the patched scheduler, full suite
     failures: dict[str, str] = field(default_factory=dict)  # finding -> its test's message
+    # vLLM's offloading test folder on the release with the gap tests: per file, its
+    # tests and pytest's seconds; and the whole run's wall time (the CI proposal's cost)
+    folder_times: dict[str, tuple[int, float]] = field(default_factory=dict)
+    folder_wall_s: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -109,6 +114,8 @@ def run_checks(
     steps.idiom(options.ruff)
     say(f"upstream: 2. each finding's test fails on vLLM {workspace.release} as released")
     steps.on_the_release()
+    say("upstream: 2b. vLLM's offloading test folder on the release, timed per file")
+    steps.release_folder()
     say("upstream: 3. each finding's test passes with its patch")
     steps.with_each_patch()
     say("upstream: 4. with every patch, vLLM's whole offloading test folder passes")
@@ -214,6 +221,30 @@ class _Steps:
         passed = sum(o.outcome == PASSED for o in gaps)
         ok = not gap_files or (bool(gaps) and passed == len(gaps))
         self.check("gap tests pass on the release", ok, f"{passed} of {len(gaps)} passed", log=log)
+
+    def release_folder(self) -> None:
+        """Step 2, continued: vLLM's folder with the gap tests (no finding's test) passes
+        on the release, each file timed: what a CPU job running it would cost."""
+        tree = self.workspace.tree(
+            "release-folder", [self.series.tests_dir / n for n in self.series.gap_tests]
+        )
+        run = self.tests(tree, [TEST_FOLDER], "release-folder")
+        bad = [o for o in run.outcomes if o.outcome not in (PASSED, SKIPPED)]
+        counts: dict[str, int] = {}
+        for o in run.outcomes:
+            counts[o.test_id.split("::", 1)[0]] = counts.get(o.test_id.split("::", 1)[0], 0) + 1
+        self.outcome.folder_times = {
+            name.rsplit("/", 1)[-1]: (counts[name], seconds)
+            for name, seconds in run.seconds_by_file().items()
+        }
+        self.outcome.folder_wall_s = run.seconds
+        detail = (
+            f"{run.count(PASSED)} passed, {run.count(SKIPPED)} skipped, {len(bad)} failed or "
+            f"errors in {run.seconds:.0f} s wall" + (f" (first: {bad[0].test_id})" if bad else "")
+        )
+        ok = run.exit_code == 0 and not bad and bool(run.outcomes)
+        self.check("offloading folder and gap tests pass on the release", ok, detail,
+                   log=_rel(run.log, self.reports))  # fmt: skip
 
     def with_each_patch(self) -> None:
         """Step 3: each finding's test passes with its own patch alone."""

@@ -45,6 +45,13 @@ def document(outcome: Outcome, series: Series, findings: dict[str, Finding]) -> 
             {"step": c.step, "ok": c.ok, "detail": c.detail, "finding": c.finding, "log": c.log}
             for c in outcome.checks
         ],
+        "folder": {
+            "wall_s": round(outcome.folder_wall_s, 1),
+            "files": {
+                name: {"tests": tests, "seconds": round(seconds, 1)}
+                for name, (tests, seconds) in outcome.folder_times.items()
+            },
+        },
         "scores": {
             name: _score_json(score)
             for name, score in (
@@ -123,6 +130,12 @@ def html_page(data: dict[str, Any]) -> str:
         f"<tr><td>{escape(n)}</td><td class=num>{escape(a)}</td><td class=num>{escape(b)}</td></tr>"
         for n, a, b in score_rows(data)
     )
+    folder = data.get("folder", {})
+    times = "".join(
+        f"<tr><td><code>{escape(name)}</code></td><td class=num>{f['tests']}</td>"
+        f"<td class=num>{f['seconds']:.1f}</td></tr>"
+        for name, f in folder.get("files", {}).items()
+    )
     verdict = "every check passed" if data["ok"] else "a check FAILED"
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
@@ -143,7 +156,12 @@ def html_page(data: dict[str, Any]) -> str:
         "test_worker.py), then by those plus the gap tests "
         f"({escape(', '.join(data['gap_tests']) or 'none')}); no test of this project.</p>"
         "<table><tr><th>region</th><th>vLLM alone</th><th>vLLM + these tests</th></tr>"
-        f"{scores}</table></body></html>\n"
+        f"{scores}</table>"
+        "<h2>What a CPU job would run</h2><p>vLLM's offloading connector tests with the "
+        f"gap tests, on this machine: {folder.get('wall_s', 0):.0f} s wall in all (the "
+        "import included); per file, pytest's own time.</p>"
+        f"<table><tr><th>file</th><th>tests</th><th>seconds</th></tr>{times}</table>"
+        "</body></html>\n"
     )
 
 

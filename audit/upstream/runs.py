@@ -34,6 +34,7 @@ class TestOutcome:
     test_id: str  # pytest's node id, from the tree's root
     outcome: str  # passed | failed | skipped | error
     message: str  # what failed (its assertion's first lines), "" when it passed
+    seconds: float = 0.0  # pytest's time for it (setup, call and teardown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,14 @@ class TestRun:
 
     def count(self, outcome: str) -> int:
         return sum(1 for o in self.outcomes if o.outcome == outcome)
+
+    def seconds_by_file(self) -> dict[str, float]:
+        """pytest's time per test file, summed over its tests, in file order."""
+        files: dict[str, float] = {}
+        for o in self.outcomes:
+            name = o.test_id.split("::", 1)[0]
+            files[name] = files.get(name, 0.0) + o.seconds
+        return files
 
 
 def run_tests(
@@ -112,5 +121,6 @@ def read_junit(junit: Path) -> tuple[TestOutcome, ...]:
                 break
             if child.tag == "skipped":
                 outcome, message = SKIPPED, child.get("message", "")
-        outcomes.append(TestOutcome(test_id, outcome, message.strip()))
+        seconds = float(case.get("time", "0") or 0)
+        outcomes.append(TestOutcome(test_id, outcome, message.strip(), seconds))
     return tuple(outcomes)
