@@ -495,3 +495,75 @@ def test_preemption_flushes_every_preempted_request_with_a_store(store_owner: st
         f"request {store_owner} is preempted with store {job_id} in flight, "
         f"but the step flushes {meta.jobs_to_flush}"
     )
+
+
+def test_no_chunk_is_stored_from_a_null_last_block(request_runner):
+    """An EAGLE/MTP drafter's sliding-window KV (a 3-block window), chunks of
+    three blocks, ``prefix_cache_retention_interval=24``.
+
+    A 60-token prompt prefills in two steps; the CPU tier refuses the first
+    step's stores. At the second step the window frees block positions 0-8,
+    last first, and the scheduler hands position 8's block back to the same
+    request for a new position, so the connector's copy of the block table
+    holds the null block at position 8. Of the chunk at positions 6-8 only
+    position 6, the EAGLE peek past the 24-token boundary, can serve a hit,
+    yet the chunk must not be stored: its key names the KV of its last block,
+    which the null block does not hold.
+    """
+    block_size = 4
+    blocks_per_chunk = 3
+    runner = request_runner(
+        block_size=block_size,
+        num_gpu_blocks=16,
+        blocks_per_chunk=blocks_per_chunk,
+        async_scheduling=False,
+        retention_interval=24,
+        kv_cache_groups=[
+            KVCacheGroupSpec(
+                ["draft"],
+                SlidingWindowSpec(
+                    block_size=block_size,
+                    num_kv_heads=1,
+                    head_size=1,
+                    dtype=torch.float32,
+                    sliding_window=3 * block_size,
+                ),
+                is_eagle_group=True,
+            )
+        ],
+    )
+    scheduler = runner.scheduler
+    store_sources: dict[int, list[int]] = {}
+
+    def step() -> None:
+        output = scheduler.schedule()
+        meta = output.kv_connector_metadata
+        assert isinstance(meta, OffloadingConnectorMetadata)
+        for job_id, job in meta.store_jobs.items():
+            assert isinstance(job.src_spec, GPULoadStoreSpec)
+            store_sources[job_id] = job.src_spec.block_ids.tolist()
+        scheduler.update_from_output(
+            output, create_model_runner_output(scheduler.running, token_id=0)
+        )
+
+    runner.new_request(token_ids=list(range(1, 61)))
+    scheduler.max_num_scheduled_tokens = 48
+    runner.manager.prepare_store.return_value = None
+    step()
+    block_at_8 = scheduler.kv_cache_manager.get_block_ids("0")[0][8]
+    _store_everything(runner)
+    step()
+    blocks = scheduler.kv_cache_manager.get_block_ids("0")[0]
+    assert block_at_8 in blocks[9:], (
+        f"block {block_at_8} (position 8) did not come back to request 0: {blocks}"
+    )
+
+    assert store_sources, "request 0 stored nothing"
+    for job_id, source in store_sources.items():
+        for start in range(0, len(source), blocks_per_chunk):
+            chunk = source[start : start + blocks_per_chunk]
+            assert chunk[-1] != 0, (
+                f"store job {job_id} of request 0 reads GPU blocks {source}: "
+                f"its chunk {chunk} ends on the null block, so the chunk's key "
+                f"is stored without the KV of its last block"
+            )
