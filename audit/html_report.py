@@ -129,7 +129,7 @@ def render_index(results: AuditResults) -> str:
         parts += [
             f'<section id="findings"><h2>Real vLLM bugs in this release '
             f"({len(results.findings)})</h2><ul>{items}</ul>"
-            '<p>Each open one as vLLM would take it, a test in its idiom and a minimal fix, '
+            "<p>Each open one as vLLM would take it, a test in its idiom and a minimal fix, "
             'checked on the release: <a href="upstream/index.html">the upstream series</a> '
             "(written by <code>nox -s upstream</code>).</p></section>"
         ]
