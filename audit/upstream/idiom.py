@@ -27,11 +27,12 @@ def problems(path: Path) -> list[str]:
     if "pytest.mark.cpu_test" not in ast.unparse(tree):
         found.append("carries no pytest.mark.cpu_test (vLLM's CPU job selects by it)")
     for node in ast.walk(tree):
-        names = (
-            [a.name for a in node.names] if isinstance(node, ast.Import)
-            else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
-            else []
-        )  # fmt: skip
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
         for name in names:
             if name == "audit" or name.startswith(("audit.", *OURS[1:])):
                 found.append(

@@ -11,6 +11,7 @@ import pytest
 from audit.errors import ConfigError, ExitCode, PatchDoesNotApply
 from audit.findings import Finding
 from audit.upstream.checks import Check, Outcome, Score
+from audit.upstream.idiom import problems
 from audit.upstream.page import document, html_page, markdown, score_rows
 from audit.upstream.runs import FAILED, PASSED, SKIPPED, read_junit
 from audit.upstream.series import load_series
@@ -197,3 +198,38 @@ def test_the_page_shows_each_check_and_both_scores(tmp_path: Path) -> None:
     assert "FAILED" in page
     assert "wrong KV data" in page
     assert "| bug | wrong KV data | passes with its patch | FAILED |" in markdown(data)
+
+
+VLLM_STYLE = """# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+import pytest
+
+from tests.v1.kv_connector.unit.offloading_connector.utils import RequestRunner
+
+pytestmark = pytest.mark.cpu_test
+"""
+
+
+def test_a_test_in_vllm_s_idiom_has_no_problem(tmp_path: Path) -> None:
+    path = tmp_path / "test_ok.py"
+    path.write_text(VLLM_STYLE)
+    assert problems(path) == []
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        (("# SPDX-License-Identifier: Apache-2.0\n", ""), "SPDX"),
+        (("pytestmark = pytest.mark.cpu_test\n", ""), "cpu_test"),
+        (("import pytest\n", "import pytest\nfrom audit.findings import Finding\n"), "audit"),
+        (("import pytest\n", "import pytest\nimport fence_harness\n"), "fence_harness"),
+    ],
+)
+def test_a_test_not_in_vllm_s_idiom_is_named(
+    tmp_path: Path, change: tuple[str, str], problem: str
+) -> None:
+    path = tmp_path / "test_bad.py"
+    path.write_text(VLLM_STYLE.replace(*change))
+    found = problems(path)
+    assert len(found) == 1
+    assert problem in found[0]
