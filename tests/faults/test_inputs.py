@@ -22,11 +22,13 @@ from fake_index import FakeIndex, make_sdist
 
 from audit import cache, environment, shards
 from audit.cli import main
-from audit.config import load_config
+from audit.config import default_table, load_config
 from audit.errors import ConfigError, ExitCode
 from audit.model import COVERAGE_MAP_FORMAT
 
-VERSION = "0.33.0"  # the installed vLLM, which the fake index serves for the sources cases
+# The built-in default release, the installed vLLM, which the fake index serves for the
+# sources cases.
+VERSION = str(default_table()["vllm-version"])
 ARCHIVE = f"vllm-{VERSION}.tar.gz"
 UNREACHABLE = "http://127.0.0.1:9/simple"
 
@@ -359,7 +361,7 @@ def fetch(capsys: pytest.CaptureFixture[str], project: Path) -> tuple[int, str]:
         (member("tests/../vllm/other.py"), "its path leaves tests/"),
         (
             member("tests/init.py", link=f"vllm-{VERSION}/vllm/__init__.py", kind=tarfile.LNKTYPE),
-            "a hard link to vllm-0.33.0/vllm/__init__.py",
+            f"a hard link to vllm-{VERSION}/vllm/__init__.py",
         ),
         (
             member("tests/passwd", link="../../../etc/passwd", kind=tarfile.SYMTYPE),

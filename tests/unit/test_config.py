@@ -15,9 +15,9 @@ def write_pyproject(tmp_path: Path, body: str) -> Path:
     return path
 
 
-def test_defaults_name_the_four_fence_regions_for_vllm_0_33_0() -> None:
+def test_defaults_name_vllm_0_34_0_and_the_four_fence_regions() -> None:
     config = load_config()
-    assert config.vllm_version == "0.33.0"
+    assert config.vllm_version == "0.34.0"
     assert [r.name for r in config.regions] == [
         "population",
         "flush",
@@ -28,9 +28,9 @@ def test_defaults_name_the_four_fence_regions_for_vllm_0_33_0() -> None:
 
 
 def test_project_table_overrides_a_key_and_keeps_the_rest(tmp_path: Path) -> None:
-    path = write_pyproject(tmp_path, '[tool.fence-audit]\nvllm-version = "0.34.0"\n')
+    path = write_pyproject(tmp_path, '[tool.fence-audit]\nvllm-version = "0.33.0"\n')
     config = load_config(path)
-    assert config.vllm_version == "0.34.0"
+    assert config.vllm_version == "0.33.0"
     assert len(config.regions) == 4
     assert config.reports_dir == tmp_path / "reports"
 

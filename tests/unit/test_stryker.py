@@ -14,7 +14,7 @@ from stryker_schema import SCHEMA_PACKAGE, SCHEMA_PACKAGE_VERSION, published_sch
 
 from audit import environment, files, outputs
 from audit.cli import main
-from audit.config import default_cache_dir
+from audit.config import default_cache_dir, load_config
 from audit.errors import ConfigError
 from audit.protocol import MutantStatus
 from audit.report_model import AuditResults, load_results
@@ -313,8 +313,9 @@ def test_results_from_another_machine_render_over_the_installed_vllm_of_their_ve
     audit: dict[str, Any], tmp_path: Path
 ) -> None:
     module = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler"
-    installed = environment.installed_file(environment.installed_vllm("0.33.0"), module)
-    audit["vllm_version"] = "0.33.0"
+    version = load_config().vllm_version  # the configured release, installed here
+    installed = environment.installed_file(environment.installed_vllm(version), module)
+    audit["vllm_version"] = version
     audit["target"] = {
         "module": module,
         "path": "/home/runner/site-packages/" + module.replace(".", "/") + ".py",  # CI's

@@ -233,3 +233,25 @@ def test_a_test_not_in_vllm_s_idiom_is_named(
     found = problems(path)
     assert len(found) == 1
     assert problem in found[0]
+
+
+@pytest.mark.parametrize("ok", [True, False])
+def test_check_exits_16_when_a_check_failed_and_writes_the_page(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ok: bool
+) -> None:
+    import audit.upstream.__main__ as upstream_main
+
+    series = load_series(series_dir(tmp_path, GOOD), {"bug"})
+    finding = Finding("bug", "a bug", "docs/b.md", ("0.34.0",), ("t",), "lost reuse")
+    outcome = Outcome(release="0.34.0")
+    outcome.checks.append(Check("passes with its patch", ok, "measured", "bug"))
+    monkeypatch.setattr(upstream_main, "load_findings", lambda *_: (finding,))
+    monkeypatch.setattr(upstream_main, "load_series", lambda *_: series)
+    workspace = type("Workspace", (), {"release": "0.34.0"})()
+    monkeypatch.setattr(upstream_main, "open_workspace", lambda *_: workspace)
+    monkeypatch.setattr(upstream_main, "run_checks", lambda *_, **__: outcome)
+    code = upstream_main.main(["check", "--reports", str(tmp_path / "reports")])
+    assert code == (0 if ok else ExitCode.UPSTREAM_CHECK_FAILED)
+    page = tmp_path / "reports" / "upstream" / "index.html"
+    assert ("every check passed" if ok else "a check FAILED") in page.read_text()
+    assert (tmp_path / "reports" / "upstream" / "upstream.json").is_file()

@@ -1,4 +1,5 @@
-"""Tests against the real vLLM 0.33.0 and its own fence tests: all marked ``vllm``."""
+"""Tests against the real vLLM (the configured release, installed) and its own fence tests:
+all marked ``vllm``."""
 
 from __future__ import annotations
 

@@ -7,7 +7,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from audit.config import load_config
+
 FENCE_TESTS = "vllm:tests/v1/kv_connector/unit/offloading_connector/test_scheduler.py"
+# The vLLM these tests run against: the release the project configures (pyproject.toml's
+# vllm-version, or $FENCE_AUDIT_VLLM_VERSION), installed in the environment they run in.
+VLLM_VERSION = load_config(Path(__file__).resolve().parents[2] / "pyproject.toml").vllm_version
 
 
 @dataclass(frozen=True)
@@ -37,15 +42,14 @@ def private_cache(tmp_path: Path) -> Path:
     """
     import shutil
 
-    from audit.config import load_config
-
     shared = load_config().cache_dir
-    if not (shared / "tests" / "vllm-0.33.0").is_dir():  # a fresh machine: fetch it once
+    tests = f"vllm-{VLLM_VERSION}"
+    if not (shared / "tests" / tests).is_dir():  # a fresh machine: fetch it once
         fetched = fence_audit("fetch", cwd=Path.cwd())
         assert fetched.returncode == 0, fetched.stderr
     cache = tmp_path / "cache"
-    shutil.copytree(shared / "tests" / "vllm-0.33.0", cache / "tests" / "vllm-0.33.0")
+    shutil.copytree(shared / "tests" / tests, cache / "tests" / tests)
     (cache / "sdist").mkdir(parents=True)
-    digest = "vllm-0.33.0.tar.gz.sha256"
+    digest = f"vllm-{VLLM_VERSION}.tar.gz.sha256"
     shutil.copy(shared / "sdist" / digest, cache / "sdist" / digest)
     return cache

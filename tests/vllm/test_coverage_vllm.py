@@ -1,4 +1,4 @@
-"""``fence-audit coverage`` on vLLM 0.33.0 with vLLM's own fence tests, end to end."""
+"""``fence-audit coverage`` on the configured vLLM with vLLM's own fence tests, end to end."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from fence_helpers import FENCE_TESTS, Result, fence_audit
+from fence_helpers import FENCE_TESTS, VLLM_VERSION, Result, fence_audit
 
 from audit import environment
 from audit.config import load_config
 
-# Every fence-related test fence-brief section 10 names (all exist in vLLM 0.33.0).
+# Every fence-related test fence-brief section 10 names (all exist in vLLM 0.33.0 and 0.34.0).
 FENCE_REGRESSION_TESTS = (
     "test_request_preemption",
     "test_concurrent_lookups_of_the_same_prefix",
@@ -40,7 +40,7 @@ TARGET = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler"
 @pytest.fixture(scope="module")
 def audited(tmp_path_factory: pytest.TempPathFactory) -> tuple[Result, Path, str]:
     reports = tmp_path_factory.mktemp("reports")
-    installed = environment.installed_file(environment.installed_vllm("0.33.0"), TARGET)
+    installed = environment.installed_file(environment.installed_vllm(VLLM_VERSION), TARGET)
     before = environment.sha256_file(installed)
     # A user whose home and Hugging Face cache must stay untouched by the audit.
     user = tmp_path_factory.mktemp("user")
@@ -107,7 +107,7 @@ def test_every_fence_regression_test_is_a_context_on_fence_lines(audited) -> Non
 
 def test_installed_scheduler_is_byte_identical_after_the_run(audited) -> None:  # type: ignore[no-untyped-def]
     result, _, before = audited
-    installed = environment.installed_file(environment.installed_vllm("0.33.0"), TARGET)
+    installed = environment.installed_file(environment.installed_vllm(VLLM_VERSION), TARGET)
     assert environment.sha256_file(installed) == before
     assert environment.recorded_sha256(TARGET) == before
     assert f"unchanged (sha256 {before})" in result.stdout
@@ -116,7 +116,7 @@ def test_installed_scheduler_is_byte_identical_after_the_run(audited) -> None:  
 def test_a_checkout_is_audited_from_its_own_files(tmp_path: Path, audited) -> None:  # type: ignore[no-untyped-def]
     """--vllm-src: the checkout's tests and target module; the rest is installed vLLM."""
     _, reports, _ = audited
-    installed = environment.installed_file(environment.installed_vllm("0.33.0"), TARGET)
+    installed = environment.installed_file(environment.installed_vllm(VLLM_VERSION), TARGET)
     checkout = tmp_path / "vllm-checkout"
     target = checkout / TARGET.replace(".", "/")
     target = target.with_suffix(".py")
@@ -145,4 +145,4 @@ def test_a_checkout_is_audited_from_its_own_files(tmp_path: Path, audited) -> No
 
 
 def _cached_sdist_tests() -> Path:
-    return load_config().cache_dir / "tests" / "vllm-0.33.0" / "tests"
+    return load_config().cache_dir / "tests" / f"vllm-{VLLM_VERSION}" / "tests"

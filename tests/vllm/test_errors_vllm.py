@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from fence_helpers import fence_audit
+from fence_helpers import VLLM_VERSION, fence_audit
 
 from audit.errors import ExitCode
 
@@ -37,7 +37,9 @@ def test_installed_version_differs_from_configured(tmp_path: Path) -> None:
     config = pyproject(tmp_path, 'vllm-version = "0.32.0"\n')
     result = fence_audit("coverage", "--config", str(config), cwd=tmp_path)
     assert result.returncode == ExitCode.ENVIRONMENT == 7
-    assert "installed vLLM is 0.33.0, but the audit is configured for 0.32.0" in result.stderr
+    assert f"installed vLLM is {VLLM_VERSION}, but the audit is configured for 0.32.0" in (
+        result.stderr
+    )
     assert not (tmp_path / "reports").exists()
 
 
@@ -51,7 +53,7 @@ def test_no_sdist_in_cache_and_no_network(tmp_path: Path) -> None:
 
 
 def test_sdist_hash_mismatch(tmp_path: Path, fake_index) -> None:  # type: ignore[no-untyped-def]
-    index = fake_index("0.33.0")
+    index = fake_index(VLLM_VERSION)
     index.digest = "f" * 64  # the index publishes a digest the file does not have
     env = {**os.environ, "FENCE_AUDIT_INDEX_URL": index.url}
     result = fence_audit("coverage", "--cache-dir", str(tmp_path / "cache"), cwd=tmp_path, env=env)

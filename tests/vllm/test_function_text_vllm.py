@@ -2,7 +2,7 @@
 
 The executor compiles only the mutated function (with its classes' headers and the
 module's imports, every line in place) instead of vLLM's whole scheduler module; this
-checks, for every in-region mutant and catalogue entry of vLLM 0.33.0, that the code
+checks, for every in-region mutant and catalogue entry of the installed vLLM, that the code
 object is the same: bytecode, constants, names, line table, flags, free variables.
 """
 
@@ -43,7 +43,8 @@ def identity(code: types.CodeType) -> tuple[object, ...]:
 
 def test_function_alone_compiles_to_the_modules_code(project_root: Path) -> None:
     config = load_config(project_root / "pyproject.toml")
-    path = environment.installed_file(environment.installed_vllm("0.33.0"), config.target)
+    installed = environment.installed_vllm(config.vllm_version)
+    path = environment.installed_file(installed, config.target)
     source = path.read_text()
     regions = resolve_regions(source, config.regions, filename=str(path))
     mutants = list(build_mutants(source, str(path), regions, {}).mutants)
@@ -67,10 +68,11 @@ def test_rendering_the_node_alone_gives_mutmuts_edits(
     project_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Generation renders only the mutated node (``_spliced``), not the whole function
-    as mutmut's ``deep_replace`` does; on the fence regions of vLLM 0.33.0 both give
+    as mutmut's ``deep_replace`` does; on the fence regions of the installed vLLM both give
     the same edits, mutation for mutation."""
     config = load_config(project_root / "pyproject.toml")
-    path = environment.installed_file(environment.installed_vllm("0.33.0"), config.target)
+    installed = environment.installed_vllm(config.vllm_version)
+    path = environment.installed_file(installed, config.target)
     source = path.read_text()
     regions = resolve_regions(source, config.regions, filename=str(path))
     functions = sorted({f for region in regions for f in region.functions})

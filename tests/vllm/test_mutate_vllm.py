@@ -1,4 +1,4 @@
-"""``fence-audit mutate`` on vLLM 0.33.0: verdicts, the cache, and a run killed mid-way."""
+"""``fence-audit mutate`` on the configured vLLM: verdicts, the cache, and a run killed mid-way."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from fence_helpers import Result, fence_audit, private_cache
+from fence_helpers import VLLM_VERSION, Result, fence_audit, private_cache
 from stryker_schema import published_schema
 
 from audit import environment
@@ -19,7 +19,7 @@ REGION = "population"  # big enough that fixed costs do not swamp the timing che
 
 def installed_sha() -> str:
     return environment.sha256_file(
-        environment.installed_file(environment.installed_vllm("0.33.0"), TARGET)
+        environment.installed_file(environment.installed_vllm(VLLM_VERSION), TARGET)
     )
 
 
@@ -51,7 +51,7 @@ def test_every_in_region_mutant_is_judged(first_run) -> None:  # type: ignore[no
     _, _, result, audit = first_run
     assert result.returncode == 0, result.stderr
     assert audit["format"] == 3
-    assert audit["vllm_version"] == "0.33.0"
+    assert audit["vllm_version"] == VLLM_VERSION
     mutants = audit["mutants"]
     assert mutants
     assert {m["region"] for m in mutants} == {REGION}

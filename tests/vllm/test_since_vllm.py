@@ -1,9 +1,9 @@
-"""Pull-request mode on a change nobody here wrote: vLLM 0.32.0 -> 0.33.0's scheduler.
+"""Pull-request mode on a change nobody here wrote: vLLM 0.33.0 -> 0.34.0's scheduler.
 
 A git repository is built from the two releases' sdists (the target module and the
-offloading connector's tests, what ``--vllm-src`` needs), 0.33.0 committed on top of
-0.32.0; ``fence-audit mutate --vllm-src REPO --since HEAD~1`` then audits 0.33.0's
-change in the 0.33.0 environment.
+offloading connector's tests, what ``--vllm-src`` needs), 0.34.0 committed on top of
+0.33.0; ``fence-audit mutate --vllm-src REPO --since HEAD~1`` then audits 0.34.0's
+change in the 0.34.0 environment (the configured release, installed).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from fence_helpers import FENCE_TESTS, Result, fence_audit
+from fence_helpers import FENCE_TESTS, VLLM_VERSION, Result, fence_audit
 
 from audit import environment, sources
 from audit.config import load_config
@@ -28,17 +28,26 @@ pytestmark = [pytest.mark.vllm, pytest.mark.network]
 
 TARGET = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler"
 MODULE = environment.module_relpath(TARGET)
-RELEASES = ("0.32.0", "0.33.0")
-# 0.33.0 changed the flush region's code and much outside every region (the group); the
-# preemption and cache-reset tests reach the flush changes and keep the run near a minute.
-REGION = "flush"
+# The change audited: a release, then the configured one on top (its after side must be
+# the vLLM installed here, whose tests and other modules the audit runs with).
+RELEASES = ("0.33.0", "0.34.0")
+# 0.34.0 changed three lines of the population region (a store job's keys, now kept in
+# prefix order), two of the sliding-window region's (the null-block skip in
+# _build_store_jobs, where population's catalogue entry registering the null block
+# applies) and much outside every region (the group). The cache-reset test and the
+# preemption test's recompute cases reach the population changes. Two of the group's
+# mutants (in _lookup) hang every test up to its budget: the preemption test's CPU-hit
+# cases, the slowest by far, stay out, which keeps the run near a minute.
+REGION = "population"
 SUITE = (
-    f"{FENCE_TESTS}::test_request_preemption",
+    f"{FENCE_TESTS}::test_request_preemption[False-False]",
+    f"{FENCE_TESTS}::test_request_preemption[False-True]",
     f"{FENCE_TESTS}::test_prefix_cache_reset_preserves_same_step_offload_reload",
 )
 GROUP = "changed-outside-regions"
 # What --vllm-src needs to run the offloading connector's tests: the package path down
-# to them (each __init__.py and conftest.py), the helpers they import, and the tests.
+# to them (each __init__.py and conftest.py), the helpers they import (0.34.0's
+# test_scheduler.py also imports tests/v1/spec_decode/utils.py), and the tests.
 KEPT_FILES = (
     "tests/__init__.py",
     "tests/v1/__init__.py",
@@ -46,6 +55,8 @@ KEPT_FILES = (
     "tests/v1/kv_connector/unit/__init__.py",
     "tests/v1/kv_connector/unit/conftest.py",
     "tests/v1/kv_connector/unit/utils.py",
+    "tests/v1/spec_decode/__init__.py",
+    "tests/v1/spec_decode/utils.py",
 )
 KEPT_FOLDER = "tests/v1/kv_connector/unit/offloading_connector/"
 
@@ -90,7 +101,7 @@ def git(repo: Path, *args: str) -> str:
 
 
 def build_checkout(repo: Path) -> Path:
-    """A git repository holding 0.32.0's target and fence tests, then 0.33.0's on top."""
+    """A git repository holding 0.33.0's target and fence tests, then 0.34.0's on top."""
     repo.mkdir(parents=True)
     git(repo, "init", "--quiet")
     for version in RELEASES:
@@ -139,6 +150,7 @@ def every_function(text: str) -> set[str]:
 
 @pytest.fixture(scope="module")
 def pull_request(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Result, dict]:  # type: ignore[type-arg]
+    assert RELEASES[-1] == VLLM_VERSION, f"the change's after side is not vLLM {VLLM_VERSION}"
     tmp = tmp_path_factory.mktemp("since")
     repo = build_checkout(tmp / "vllm")
     reports = tmp / "reports"
@@ -169,7 +181,7 @@ def test_since_records_the_ref_its_commit_and_the_changed_lines(pull_request) ->
     assert since["path"] == since["old_path"] == MODULE
     recorded = {n for first, last in since["lines"] for n in range(first, last + 1)}
     assert recorded == diff_lines(repo)
-    assert since["deletions"], "0.33.0 removed code from 0.32.0's scheduler"
+    assert since["deletions"], "0.34.0 removed code from 0.33.0's scheduler"
 
 
 def test_only_mutants_on_changed_lines_are_judged(pull_request) -> None:  # type: ignore[no-untyped-def]
@@ -190,7 +202,7 @@ def test_every_mutmut_mutant_on_changed_lines_is_judged(pull_request) -> None:  
     lines, in the group; those of the regions the run left out are not."""
     repo, _, _, audit = pull_request
     text = (repo / MODULE).read_text()
-    regions = resolve_regions(text, load_config().regions, filename=MODULE, version="0.33.0")
+    regions = resolve_regions(text, load_config().regions, filename=MODULE, version=RELEASES[-1])
     region_of = {line: r.name for r in regions for line in r.lines}
     changed = diff_lines(repo)
     expected = {}
@@ -248,7 +260,7 @@ def test_report_rerenders_a_pull_request_run(pull_request) -> None:  # type: ign
 
 def test_the_installed_scheduler_is_untouched(pull_request) -> None:  # type: ignore[no-untyped-def]
     _, _, result, _ = pull_request
-    installed = environment.installed_file(environment.installed_vllm("0.33.0"), TARGET)
+    installed = environment.installed_file(environment.installed_vllm(VLLM_VERSION), TARGET)
     digest = environment.sha256_file(installed)
     assert digest == environment.recorded_sha256(TARGET)
     assert f"unchanged (sha256 {digest})" in result.stdout
