@@ -132,6 +132,9 @@ class Contents:
         self.reading: dict[int, list[StoreRead]] = {}  # block id -> stores reading it
         # CPU chunk id -> the slots its latest store wrote (the others keep old data)
         self.written: dict[int, set[int]] = {}
+        # GPU block id -> the step that last wrote it and what it wrote (the oracle's
+        # prefix-hit test)
+        self.written_at: dict[int, tuple[int, Tag]] = {}
         self.violations: list[str] = []
 
     def _fail(self, message: str) -> None:
@@ -242,6 +245,7 @@ class Contents:
                     f"flush job {read.job_id}"
                 )
         self.gpu[block_id] = tag
+        self.written_at[block_id] = (step, tag)
 
     def _cut_off_alignment(self, places: list[tuple[int, int, int, tuple[int, int]]]) -> bool:
         """Whether a load's places are those of UNALIGNED_HIT's hit: a mixed layout

@@ -46,6 +46,16 @@ def has_bug(finding_id: str) -> bool:
     return VLLM_VERSION.split("+", 1)[0] in releases
 
 
+def fixed(finding_id: str) -> bool:
+    """Whether the vLLM under test carries a fix of it: its release is one the registry
+    lists for it (so it has the bug as released), and the fix is applied
+    (``$FENCE_AUDIT_FIXED_FINDINGS``, docs/upstream/). The checks that encode that
+    release's own rule (where a fix changes it on purpose) follow the fixed rule only
+    then; on any release as released this is False."""
+    releases = FINDINGS[finding_id]["releases"]
+    return finding_id in FIXED and VLLM_VERSION.split("+", 1)[0] in releases
+
+
 def known_bug(finding_id: str, *, raises: Any, reason: str) -> pytest.MarkDecorator:
     entry = FINDINGS[finding_id]
     return pytest.mark.xfail(

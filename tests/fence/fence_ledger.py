@@ -10,9 +10,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fence_contents import NULL_PLACEHOLDERS
+from fence_findings import fixed
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import TransferJob
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_offload.base import GPULoadStoreSpec, LoadStoreSpec
+
+# draft-completed-window-chunk-dropped, fixed: a store may read a sliding-window block
+# vLLM hands to another place in the same step (flushed before that step's forward pass),
+# and the connector zeroes its id once it has built the step's stores: in the request's
+# lists as the step leaves them, such a block's position holds 0. The scheduler side
+# then keeps the lists as they were when the stores were built (SchedulerSide).
+MOVED_BLOCKS_ZEROED = fixed("draft-completed-window-chunk-dropped")
 
 if TYPE_CHECKING:
     from fence_transfers import Transfer
@@ -35,6 +43,7 @@ class StepRecord:
     tables: dict[tuple[str, int, int], int]  # (request, group, index) -> block, after it
     # each tracked request's next_stored_chunk_idx per group, as schedule() found them
     stored_before: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    after_reset: bool = False  # a reset_cache ran since the step before
 
 
 class JobLedger:
@@ -56,10 +65,16 @@ class JobLedger:
         self.history: list[StepRecord] = []
 
     def add(
-        self, record: StepRecord, requests: Mapping[str, Request], req_status: Mapping[str, Any]
+        self,
+        record: StepRecord,
+        requests: Mapping[str, Request],
+        req_status: Mapping[str, Any],
+        built_lists: Mapping[str, list[list[int]]] | None = None,
     ) -> None:
         """A step's record and its jobs. A store's blocks are found in its request's
-        block lists as the connector has them now (``req_status``), when it built it."""
+        block lists as the connector has them now (``req_status``), when it built it;
+        or, where given, as they were once the step's stores were built
+        (``built_lists``: MOVED_BLOCKS_ZEROED)."""
         self.store_jobs.update(record.store_jobs)
         self.load_jobs.update(record.load_jobs)
         for job_id, job in record.store_jobs.items():
@@ -72,6 +87,8 @@ class JobLedger:
                 self.stores_after_preemption.add(job_id)
             status = req_status[job.req_id]
             lists = [g.block_ids for g in status.group_states]
+            if built_lists is not None and job.req_id in built_lists:
+                lists = built_lists[job.req_id]
             self.job_places[job_id] = spec_places(
                 job.src_spec, lists, self.blocks_per_chunk if NULL_PLACEHOLDERS else 0
             )

@@ -23,6 +23,27 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from fence_findings import fixed
+
+# Fixes of vLLM (docs/upstream/) that change on purpose a rule some check here encodes as
+# the release has it: where the vLLM under test carries one (``fixed``: its release has
+# the bug and the fix is applied), that check follows the fixed rule. On a release as
+# released each is False and every check is as strict as before.
+# prefix-hit-taken-for-reused-window-block: a block another request takes as a GPU
+# prefix-cache hit keeps its content, so a store may still read it unflushed, and the
+# connector no longer zeroes its id (only fresh allocations make an id stale).
+PREFIX_HIT_FIXED = fixed("prefix-hit-taken-for-reused-window-block")
+# finished-window-chunk-dropped: a finished request's sliding-window ids are no longer
+# zeroed; its final store reads them and is flushed before the new owner writes them.
+FINISHED_CHUNK_FIXED = fixed("finished-window-chunk-dropped")
+# reset-sliding-window: a cache reset zeroes every sliding-window id below the store
+# frontier it drops (they may be stale; the re-offload skips them).
+RESET_ZEROES_FIXED = fixed("reset-sliding-window")
+# sparse-retention-shorter-hit-reads-unstored-block: under a sparse retention (0 or
+# periodic) the store skips a sliding-window chunk holding a null block that a hit at
+# any aligned boundary reads (the dense mask), not only at a retained one.
+SPARSE_NULLS_FIXED = fixed("sparse-retention-shorter-hit-reads-unstored-block")
+
 
 @dataclass(frozen=True)
 class Violation:
@@ -172,7 +193,7 @@ class FenceOracle:
             engine.connector, record.step, reset_pending=engine.reset_since_last_step
         )
         found += self._check_step(engine, record)
-        found += self.zeroing(engine.connector, record)
+        found += self.zeroing(engine.connector, record, engine)
         self.violations += found
         if found and self.raise_now:
             raise FenceViolation(found)
@@ -219,6 +240,13 @@ class FenceOracle:
                     continue  # a known vLLM bug the engine tolerates
                 place = (job.req_id, group, index)
                 others = record.allocated.get(block, set()) - {place}
+                if PREFIX_HIT_FIXED:
+                    # prefix-hit-taken-for-reused-window-block, fixed: a place that took
+                    # the block as a GPU prefix-cache hit (the same data, never written
+                    # by its new owner) is no reuse; any other place still is
+                    others = {
+                        o for o in others if not same_data_hit(engine, record, o, block, place)
+                    }
                 if others and record.tables.get(place) != block and job_id not in flushed:
                     found.append(
                         Violation(
@@ -239,6 +267,57 @@ class FenceOracle:
                     )
                 )
         return found
+
+
+def same_data_hit(
+    engine: Any,
+    record: Any,
+    place: tuple[str, int, int],
+    block: int,
+    reader: tuple[str, int, int] | None = None,
+) -> bool:
+    """Whether ``place`` took ``block`` in this step as a GPU prefix-cache hit: the
+    same data, which its new owner never writes. Judged on the content model, not on
+    the connector's bookkeeping: the place lies wholly below the tokens its request had
+    computed when the step scheduled it (its forward pass writes after them), no load
+    of the step writes it, nothing wrote the block in the step but the forward pass of
+    ``reader``'s request filling it there (a request scheduled after it in the step
+    can hit a block it fills: vLLM caches it at schedule time), and the block holds
+    the data of ``place``'s prefix to it and of ``reader``'s (the place that keeps the
+    id: a store reads it there), which must be of the same group (the content model's
+    tags name tokens, not layers; a hit in one group never returns another's block).
+    Used only where prefix-hit-taken-for-reused-window-block is fixed."""
+    if engine is None:
+        return False
+    req_id, group, index = place
+    if reader is not None and reader[1] != group:
+        return False  # another group's block: a hit there never returns it
+    output = record.output
+    starts = {new.req_id: new.num_computed_tokens for new in output.scheduled_new_reqs}
+    cached = output.scheduled_cached_reqs
+    starts.update(zip(cached.req_ids, cached.num_computed_tokens, strict=False))
+    # (a request not scheduled in the step, its blocks allocated for a load another
+    # connector runs, has no forward pass in it; a later write of a place whose block
+    # already holds that place's data, as checked below, writes the same data)
+    if req_id in starts and (index + 1) * engine.group_block_sizes[group] > starts[req_id]:
+        return False
+    for job_id, job in record.load_jobs.items():
+        if job.req_id == req_id and any(
+            (g, i) == (group, index) for g, i, _ in engine.job_places.get(job_id, ())
+        ):
+            return False
+    contents = engine.contents
+    step, tag = contents.written_at.get(block, (None, None))
+    if step == record.step and not (
+        reader is not None and isinstance(tag, tuple) and tag[:3] == reader
+    ):
+        return False  # written in the step, other than by the reader's own forward pass
+    held = contents.resolve(contents.gpu.get(block))
+    try:
+        expected = [contents.expected_tag(*p) for p in (place, reader) if p is not None]
+    except IndexError:  # a prefix not hashed that far: no hit
+        return False
+    return held is not None and all(held == tag for tag in expected)
 
 
 def _places(places: Iterable[tuple[str, int, int]]) -> str:
@@ -266,8 +345,23 @@ class ZeroingCheck:
     def __init__(self) -> None:
         self.lists: dict[tuple[str, int], list[int]] = {}  # (request, group config) -> ids
         self.tables: dict[tuple[str, int, int], int] = {}  # the previous step's
+        # each (request, group config)'s store frontier (next_stored_chunk_idx) and the
+        # requests finished, as the previous step ended
+        self.frontiers: dict[tuple[str, int], int] = {}
+        self.finished: set[str] = set()
 
-    def __call__(self, sched: Any, record: Any) -> list[Violation]:
+    def __call__(self, sched: Any, record: Any, engine: Any = None) -> list[Violation]:
+        found = self._check(sched, record, engine)
+        self.frontiers = {
+            (req_id, i): group_state.next_stored_chunk_idx
+            for req_id, status in sched._req_status.items()
+            for i, group_state in enumerate(status.group_states)
+        }
+        if engine is not None:
+            self.finished = {r for r, q in engine.requests.items() if q.is_finished()}
+        return found
+
+    def _check(self, sched: Any, record: Any, engine: Any) -> list[Violation]:
         configs = sched.config.kv_group_configs
         sliding = [i for i, c in enumerate(configs) if c.sliding_window_size_in_chunks is not None]
         if not sliding:
@@ -279,6 +373,16 @@ class ZeroingCheck:
             (req_id, i): progress[i] * sched.config.blocks_per_chunk
             for req_id, progress in record.stored_before.items()
             for i in sliding
+        }
+        # finished before this step's schedule ran: at the last step's end, or between
+        # the two (a flush of async output), which this step's output reports
+        finished = self.finished | set(record.output.finished_req_ids or ())
+        # reset-sliding-window, fixed: a cache reset before this step zeroed each list
+        # below the store frontier it dropped
+        reset_below = {
+            key: frontier * sched.config.blocks_per_chunk
+            for key, frontier in self.frontiers.items()
+            if RESET_ZEROES_FIXED and getattr(record, "after_reset", False)
         }
         found: list[Violation] = []
         lists: dict[tuple[str, int], list[int]] = {}
@@ -301,6 +405,18 @@ class ZeroingCheck:
                             found.append(self._violation(record.step, place, why, block))
                     elif block == previous[j]:
                         others = handed.get(block, set()) - {place}
+                        if FINISHED_CHUNK_FIXED and req_id in finished:
+                            # finished-window-chunk-dropped, fixed: a finished request's
+                            # ids are kept for its final store, which is flushed (I3)
+                            others = set()
+                        if PREFIX_HIT_FIXED:
+                            # prefix-hit-taken-for-reused-window-block, fixed: a prefix-
+                            # cache hit of the block keeps its data; it is no reuse
+                            others = {
+                                o
+                                for o in others
+                                if not same_data_hit(engine, record, o, block, place)
+                            }
                         if block and j >= starts.get((req_id, i), len(current)) and others:
                             why = (
                                 f"its pending id {block} is kept though vLLM handed the block "
@@ -311,6 +427,8 @@ class ZeroingCheck:
                         old = previous[j]
                         if block == 0 and handed.get(old, set()) - {place}:
                             continue  # re-allocated elsewhere: zeroed as it must be
+                        if block == 0 and j < reset_below.get((req_id, i), 0):
+                            continue  # reset-sliding-window, fixed: below the dropped frontier
                         why = (
                             f"the connector changed its id {old} to {block}, but vLLM handed "
                             f"block {old} to no other place this step"
@@ -720,15 +838,21 @@ class ReplayLiveness(WindowLiveness):
         blocks_per_chunk: int,
         coarse: bool,
         tolerate: Iterable[str] = (),
+        *,
+        window_blocks: int | None = None,
+        any_null: bool = False,
     ) -> None:
         # L2's ``coarse`` leaves out every chunk a request's table ever held a null
-        # block in; here only a held chunk as its last token is computed counts
+        # block in; here only a held chunk as its last token is computed counts.
+        # ``any_null``: L2's rule (where a fix skips every chunk holding a null block:
+        # unaligned-hybrid-hit-reads-unstored-block, fixed, in a layout with finer
+        # chunks than the alignment).
         super().__init__(
             group,
             chunk_tokens,
             math.lcm(alignment, chunk_tokens),
             blocks_per_chunk,
-            coarse=False,
+            coarse=any_null,
             tolerate=tolerate,
         )
         self.alignment = alignment
@@ -736,6 +860,21 @@ class ReplayLiveness(WindowLiveness):
         # per request, each preemption's step and the chunk its connector state would
         # offer next as that step ended
         self.kept: dict[str, list[tuple[int, int]]] = {}
+        # sparse-retention-shorter-hit-reads-unstored-block, fixed: the blocks before
+        # each aligned boundary a hit there reads (``window_blocks``; None: unknown, so
+        # every block); None where the fix is not applied
+        self.dense_window: int | None = None
+        if SPARSE_NULLS_FIXED:
+            self.dense_window = alignment if window_blocks is None else window_blocks
+        # per request: the store frontier last seen, the null positions of its table as
+        # the store passed each chunk, those when it last ran (SegmentLiveness, and
+        # ReplayLiveness where the fix above is applied)
+        self.passed_at: dict[str, int] = {}
+        self.nulls_passed: dict[str, dict[int, set[int]]] = {}
+        self.nulls_last: dict[str, set[int]] = {}
+        # per request, the step in which the store last passed each chunk (kept where
+        # the fix above is applied: a frontier sent back is then followed)
+        self.passed_in: dict[str, dict[int, int]] = {}
 
     def __call__(self, engine: Any) -> None:
         super().__call__(engine)
@@ -744,6 +883,50 @@ class ReplayLiveness(WindowLiveness):
             if status is not None:
                 at = status.group_states[self.group].next_stored_chunk_idx
                 self.kept.setdefault(req_id, []).append((engine.step_no, at))
+        if self.dense_window is not None or isinstance(self, SegmentLiveness):
+            self._record_passed(engine)
+
+    def _record_passed(self, engine: Any) -> None:
+        """The null positions of each request's table as its store passed each chunk."""
+        self.nulls_last.update(self._table_nulls(engine))
+        for req_id, status in engine.connector._req_status.items():
+            now = status.group_states[self.group].next_stored_chunk_idx
+            passed = self.nulls_passed.setdefault(req_id, {})
+            if self.dense_window is not None:
+                # a frontier sent back (a lookup anew, a reset) passes its chunks again
+                self.passed_at[req_id] = min(self.passed_at.get(req_id, 0), now)
+            for chunk in range(self.passed_at.get(req_id, 0), now):
+                # this step's table, or for a request no longer in the tables (the
+                # final store of one that finished), its table when it last ran
+                passed[chunk] = self.nulls_last.get(req_id, set())
+                self.passed_in.setdefault(req_id, {})[chunk] = engine.step_no
+            self.passed_at[req_id] = now
+
+    def _skipped_for_a_dense_null(self, req_id: str, chunk: int) -> bool:
+        """sparse-retention-shorter-hit-reads-unstored-block, fixed: whether the store
+        last passed ``chunk`` with a null block a hit at some aligned boundary reads,
+        once the request had computed the chunk (for a finished request's final store,
+        by its table when it last ran)."""
+        bpc = self.blocks_per_chunk
+        passed_in = self.passed_in.get(req_id, {})
+        if chunk in passed_in and passed_in[chunk] < self.computed_at[req_id][chunk]:
+            return False  # passed before the request computed it: not why it is missing
+        nulls = self.nulls_passed.get(req_id, {}).get(chunk, self.nulls_last.get(req_id, set()))
+        return any(
+            self._densely_reachable(p) for p in nulls & set(range(chunk * bpc, (chunk + 1) * bpc))
+        )
+
+    def _densely_reachable(self, position: int) -> bool:
+        """sparse-retention-shorter-hit-reads-unstored-block, fixed: whether a hit at
+        some aligned boundary reads ``position`` (vLLM's dense mask: the window's
+        blocks before every multiple of the alignment)."""
+        assert self.dense_window is not None
+        block = self.chunk_tokens // self.blocks_per_chunk
+        if self.alignment % block:
+            return True  # the mask cannot tell: every block is reachable
+        per_segment = self.alignment // block
+        need = self.dense_window
+        return need >= per_segment or position % per_segment >= per_segment - need
 
     def _held_chunks(self, engine: Any, req_id: str, start: int, end: int) -> Iterable[int]:
         request = engine.requests[req_id]
@@ -772,7 +955,13 @@ class ReplayLiveness(WindowLiveness):
         """As :meth:`WindowLiveness.reported`, less the tolerated chunks a resumed
         request computed again below the frontier it kept, each recorded. A chunk
         first computed before the preemption was judged by its run's own mask and
-        stays reported."""
+        stays reported.
+
+        Where sparse-retention-shorter-hit-reads-unstored-block is fixed, a chunk that
+        held a null block a hit at any aligned boundary reads, as the store passed it,
+        is left out too: the fixed store skips it by design."""
+        if self.dense_window is not None:
+            missing = [c for c in missing if not self._skipped_for_a_dense_null(req_id, c)]
         left = super().reported(engine, req_id, missing)
         if RESUMED_FRONTIER not in self.tolerate:
             return left
@@ -829,30 +1018,24 @@ class SegmentLiveness(ReplayLiveness):
         tolerate: Iterable[str] = (),
     ) -> None:
         super().__init__(
-            group, chunk_tokens, alignment, blocks_per_chunk, coarse=False, tolerate=tolerate
+            group,
+            chunk_tokens,
+            alignment,
+            blocks_per_chunk,
+            coarse=False,
+            tolerate=tolerate,
+            window_blocks=window_blocks,
         )
         self.interval = interval
         self.segment = math.lcm(interval, alignment, chunk_tokens)
         self.window_blocks = window_blocks
         self.coarse = coarse  # WindowLiveness's rule: every null block a table held
-        # per request: the store frontier last seen, the null positions of its table as
-        # the store passed each chunk, those when it last ran, and the junctions it had
-        self.passed_at: dict[str, int] = {}
-        self.nulls_passed: dict[str, dict[int, set[int]]] = {}
-        self.nulls_last: dict[str, set[int]] = {}
+        # per request, the junctions it had (the nulls as the store passed each chunk:
+        # ReplayLiveness._record_passed)
         self.junctions: dict[str, set[int]] = {}
 
     def __call__(self, engine: Any) -> None:
         super().__call__(engine)
-        self.nulls_last.update(self._table_nulls(engine))
-        for req_id, status in engine.connector._req_status.items():
-            now = status.group_states[self.group].next_stored_chunk_idx
-            passed = self.nulls_passed.setdefault(req_id, {})
-            for chunk in range(self.passed_at.get(req_id, 0), now):
-                # this step's table, or for a request no longer in the tables (the
-                # final store of one that finished), its table when it last ran
-                passed[chunk] = self.nulls_last.get(req_id, set())
-            self.passed_at[req_id] = now
         for req_id, request in engine.requests.items():
             if junction := getattr(request, "shared_prefix_boundary", 0):
                 self.junctions.setdefault(req_id, set()).add(junction)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import fence_remote
 from fence_config import EngineConfig, retention_environment
-from fence_ledger import JobLedger, StepRecord
+from fence_ledger import MOVED_BLOCKS_ZEROED, JobLedger, StepRecord
 from vllm import SamplingParams
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (
@@ -64,6 +64,11 @@ class SchedulerSide:
                 hash_block_size=config.hash_block_size,
             )
         self.connector = _offloading_scheduler(self.scheduler.connector, remote_source)
+        # the connector's block lists as the step's stores were built (None: the lists
+        # as the step leaves them serve)
+        self._built_lists: dict[str, list[list[int]]] | None = None
+        if MOVED_BLOCKS_ZEROED:
+            self._keep_lists_as_stores_are_built()
         self.requests: dict[str, Request] = {}
         self.reset_since_last_step = False
         self._ids = itertools.count()
@@ -75,6 +80,24 @@ class SchedulerSide:
         self._hasher = get_request_block_hasher(
             config.hash_block_size, sha256, *((lookahead,) if lookahead else ())
         )
+
+    def _keep_lists_as_stores_are_built(self) -> None:
+        """draft-completed-window-chunk-dropped, fixed: the connector zeroes the ids of
+        blocks handed on in a step only after that step's stores are built (they read
+        them, flushed); the ledger places each store's blocks by the lists as they were
+        then. The class's method is looked up at each call (a test may plant a bug in
+        it)."""
+        connector = self.connector
+
+        def build_store_jobs(*args: object, **kwargs: object) -> object:
+            jobs = type(connector)._build_store_jobs(connector, *args, **kwargs)
+            self._built_lists = {
+                r: [list(g.block_ids) for g in s.group_states]
+                for r, s in connector._req_status.items()
+            }
+            return jobs
+
+        connector._build_store_jobs = build_store_jobs  # type: ignore[method-assign]
 
     @property
     def fence(self) -> dict[int, set[int]]:
@@ -167,8 +190,10 @@ class SchedulerSide:
             jobs_before=jobs_before,
             tables=tables,
             stored_before=stored_before,
+            after_reset=self.reset_since_last_step,
         )
-        self.ledger.add(record, self.requests, self.connector._req_status)
+        self.ledger.add(record, self.requests, self.connector._req_status, self._built_lists)
+        self._built_lists = None if self._built_lists is None else {}
         self.reset_since_last_step = False
         return record
 

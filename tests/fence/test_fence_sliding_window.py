@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from fence_findings import at_least
+from fence_findings import at_least, fixed
 from fence_harness import FenceEngine, Plan, StepRecord
 from fence_oracle import FenceOracle
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import (
@@ -183,6 +183,16 @@ def test_final_store_skips_a_last_block_handed_on_in_the_same_step() -> None:
     assert ("r2", 0, 1) in final.allocated.get(last_block, ()), (
         "r2 did not take the block of r0's last block index in r0's final step"
     )
+    if fixed("finished-window-chunk-dropped"):
+        # The fix (docs/upstream/finished-window-chunk-dropped.md) zeroes no id of a
+        # finished request: its final store reads the chunk whole and is flushed in
+        # that step, before r2's forward pass writes the block (the content model
+        # checks what it read).
+        flushed = [j for j, job in final.store_jobs.items() if job.req_id == "r0"]
+        assert flushed
+        assert set(flushed) <= final.jobs_to_flush
+        assert {("r0", 0, 4), ("r0", 0, 5)} <= e.stored_positions()
+        return
     assert ("r0", 0, 5) not in e.stored_positions()
     assert ("r0", 0, 4) not in e.stored_positions()
 
@@ -223,7 +233,16 @@ def test_a_chunk_whose_last_block_is_null_is_not_stored() -> None:
     )
     handed = {before.tables[("r0", 0, i)] for i in (1, 2)}
     assert handed <= final.allocated.keys(), "r1 did not take r0's block indices 1 and 2"
-    assert sorted(e.stored_positions()) == [("r1", 0, 0), ("r1", 0, 1), ("r1", 0, 2)]
+    expected = [("r1", 0, 0), ("r1", 0, 1), ("r1", 0, 2)]
+    if fixed("finished-window-chunk-dropped"):
+        # The fix (docs/upstream/finished-window-chunk-dropped.md) zeroes no id of a
+        # finished request: r0's final store reads its chunk whole, flushed before r1
+        # writes the blocks it took. The null-last-block rule is not reached here.
+        expected = [("r0", 0, 0), ("r0", 0, 1), ("r0", 0, 2), *expected]
+        flushed = [j for j, job in final.store_jobs.items() if job.req_id == "r0"]
+        assert flushed
+        assert set(flushed) <= final.jobs_to_flush
+    assert sorted(e.stored_positions()) == expected
 
 
 def test_a_null_block_inside_a_stored_chunk_is_neither_read_nor_fenced() -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from fence_config import LOOKAHEAD_HASHES, Role
-from fence_findings import VLLM_VERSION, at_least, has_bug, known_bug
+from fence_findings import VLLM_VERSION, at_least, fixed, has_bug, known_bug
 from fence_harness import (
     EAGLE_POPPED,
     FINAL_SLIDING_WINDOW_TAIL,
@@ -276,6 +276,17 @@ def test_tolerating_the_final_tail_bug_skips_only_the_stale_reads() -> None:
     assert e.contents.violations == []
     assert e.fence == {}
     if not has_bug("final-sliding-window-tail"):
+        if fixed("final-sliding-window-tail") and fixed("finished-window-chunk-dropped"):
+            # With the finished-window fix on top (docs/upstream/), a finished request's
+            # ids are not zeroed (the final-tail fix's scan skips it): its reconsidered
+            # tail reads the block vLLM hands on in that very step, and the store is
+            # flushed before the new owner writes it (the content model checked it)
+            for job, places in e.ledger.stale_tail_reads.items():
+                [record] = [r for r in e.history if job in r.store_jobs]
+                assert job in record.jobs_to_flush
+                blocks = {b for g, i, b in e.job_places[job] if (g, i) in places}
+                assert blocks <= record.allocated.keys()
+            return
         assert not e.ledger.stale_tail_reads  # no tail is reconsidered there
         return
     ((job, places),) = e.ledger.stale_tail_reads.items()
@@ -411,8 +422,23 @@ def _eagle_hit_after_an_external_load(
     assert e.reset_gpu_cache()
     e.add_request([*range(1, 9), *range(2000, 2004)], 1, req_id="b")
     e.drain()
-    assert any(job.req_id == "b" for job in e.ledger.load_jobs.values()), "b loaded nothing"
+    assert _loaded(e, "b") or _hit_kept_out_by_the_unaligned_fix(e, "a"), "b loaded nothing"
     return e
+
+
+def _loaded(e: FenceEngine, req_id: str) -> bool:
+    return any(job.req_id == req_id for job in e.ledger.load_jobs.values())
+
+
+def _hit_kept_out_by_the_unaligned_fix(e: FenceEngine, owner: str) -> bool:
+    """unaligned-hybrid-hit-reads-unstored-block, fixed: the hybrid engine's window
+    chunks (4 tokens) are finer than full attention's (8), so the fixed store keeps
+    every window chunk holding a null block out of the tier, by design (its trade-off,
+    docs/upstream/unaligned-hybrid-hit-reads-unstored-block.md): ``owner``'s window
+    chunk 0, whose block 0 is null, is not stored, and the hit built on it is gone."""
+    return fixed("unaligned-hybrid-hit-reads-unstored-block") and not any(
+        (owner, 1, index) in e.stored_positions() for index in (0, 1)
+    )
 
 
 @known_bug(
@@ -454,7 +480,9 @@ def test_the_eagle_hit_s_tolerance_lets_through_its_load_alone(eagle: bool) -> N
     not reported, and the fence drains. Without EAGLE the same tolerance records
     nothing: the load is clean."""
     e = _eagle_hit_after_an_external_load(eagle=eagle, tolerate=(EAGLE_POPPED,))
-    _assert_only_b_s_loads_tolerated(e, EAGLE_POPPED, met=eagle)
+    # with the fix applied (docs/upstream/), no load meets the bug: nothing is recorded
+    met = eagle and has_bug("eagle-popped-chunk-reads-unstored-block")
+    _assert_only_b_s_loads_tolerated(e, EAGLE_POPPED, met=met)
 
 
 def test_the_same_hit_without_eagle_loads_only_stored_blocks() -> None:
@@ -633,7 +661,7 @@ def test_the_same_tier_serves_an_aligned_hit_from_stored_blocks(retention: int |
     e = _hybrid_tier_after_two_external_loads(retention)
     e.add_request([1, 2, 3, 4, 1005, 1006, 1007, 1008, 2000], 1, req_id="c")
     e.drain()
-    assert any(job.req_id == "c" for job in e.ledger.load_jobs.values()), "c loaded nothing"
+    assert _loaded(e, "c") or _hit_kept_out_by_the_unaligned_fix(e, "b"), "c loaded nothing"
     assert e.contents.violations == []
 
 
