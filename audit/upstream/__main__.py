@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from audit.config import Config, load_config
@@ -57,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     trying.add_argument("pytest_args", nargs="*")
     args = parser.parse_args(argv)
     try:
-        config = _config()
+        config = load_config(ROOT / "pyproject.toml")  # $FENCE_AUDIT_VLLM_VERSION applied
         if args.command == "check":
             return _check(config, args)
         return _try(config, args)
@@ -67,14 +66,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fence-audit: upstream: interrupted; next: run it again", file=sys.stderr)
         return int(ExitCode.INTERRUPTED)
-
-
-def _config() -> Config:
-    config = load_config(ROOT / "pyproject.toml")
-    version = os.environ.get("FENCE_AUDIT_VLLM_VERSION")
-    if version:
-        config = replace(config, vllm_version=version, vllm_version_from="FENCE_AUDIT_VLLM_VERSION")
-    return config
 
 
 def _check(config: Config, args: argparse.Namespace) -> int:

@@ -25,18 +25,27 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from audit.config import VLLM_VERSION_ENV
 from audit.environment import installed_vllm, module_relpath, verify_untouched
 from audit.findings import FIXED_ENV, Finding
 from audit.protocol import PROJECT_PREFIX
 from audit.upstream.idiom import problems, ruff_problems
-from audit.upstream.runs import ERROR, FAILED, PASSED, SKIPPED, TestOutcome, TestRun, run_tests
+from audit.upstream.runs import (
+    ERROR,
+    FAILED,
+    PASSED,
+    SKIPPED,
+    TestOutcome,
+    TestRun,
+    run_logged,
+    run_tests,
+)
 from audit.upstream.series import Fix, Series
 from audit.upstream.trees import TEST_FOLDER, patched_files
 from audit.upstream.workspace import Workspace
@@ -153,6 +162,15 @@ class _Steps:
         self.patches = list(dict.fromkeys(fix.in_series for fix in series.fixes))
         self.fixed = ",".join(fix.finding for fix in series.fixes)
         self.trees: dict[str, Path] = {}
+        # what is hashed against pip's RECORD after each run: the target, every patched file
+        self.installed = sorted(
+            {workspace.config.target}
+            | {
+                relpath.removesuffix(".py").replace("/", ".")
+                for fix in series.fixes
+                for relpath in patched_files(fix.patch)
+            }
+        )
 
     def check(self, step: str, ok: bool, detail: str, finding: str = "", log: str = "") -> None:
         self.outcome.checks.append(Check(step, ok, detail, finding, log))
@@ -163,7 +181,9 @@ class _Steps:
             tree, selection, cache_dir=config.cache_dir, models=config.offline_models,
             log=self.logs / f"{name}.log",
         )  # fmt: skip
-        _untouched(self.workspace, self.series)
+        vllm = installed_vllm(self.workspace.release)
+        for module in self.installed:
+            verify_untouched(vllm, module)
         return run
 
     def build_trees(self) -> None:
@@ -229,22 +249,14 @@ class _Steps:
             "release-folder", [self.series.tests_dir / n for n in self.series.gap_tests]
         )
         run = self.tests(tree, [TEST_FOLDER], "release-folder")
-        bad = [o for o in run.outcomes if o.outcome not in (PASSED, SKIPPED)]
-        counts: dict[str, int] = {}
-        for o in run.outcomes:
-            counts[o.test_id.split("::", 1)[0]] = counts.get(o.test_id.split("::", 1)[0], 0) + 1
         self.outcome.folder_times = {
-            name.rsplit("/", 1)[-1]: (counts[name], seconds)
-            for name, seconds in run.seconds_by_file().items()
+            name.rsplit("/", 1)[-1]: counted for name, counted in run.by_file().items()
         }
         self.outcome.folder_wall_s = run.seconds
-        detail = (
-            f"{run.count(PASSED)} passed, {run.count(SKIPPED)} skipped, {len(bad)} failed or "
-            f"errors in {run.seconds:.0f} s wall" + (f" (first: {bad[0].test_id})" if bad else "")
-        )
-        ok = run.exit_code == 0 and not bad and bool(run.outcomes)
-        self.check("offloading folder and gap tests pass on the release", ok, detail,
-                   log=_rel(run.log, self.reports))  # fmt: skip
+        ok, detail = _folder(run)
+        detail += f", {run.seconds:.0f} s wall"
+        log = _rel(run.log, self.reports)
+        self.check("offloading folder and gap tests pass on the release", ok, detail, log=log)
 
     def with_each_patch(self) -> None:
         """Step 3: each finding's test passes with its own patch alone."""
@@ -260,12 +272,7 @@ class _Steps:
     def whole_folder(self) -> None:
         """Step 4: vLLM's offloading tests, the series' among them, with every patch."""
         run = self.tests(self.trees["series"], [TEST_FOLDER], "series-folder")
-        bad = [o for o in run.outcomes if o.outcome not in (PASSED, SKIPPED)]
-        detail = (
-            f"{run.count(PASSED)} passed, {run.count(SKIPPED)} skipped, "
-            f"{len(bad)} failed or errors" + (f" (first: {bad[0].test_id})" if bad else "")
-        )
-        ok = run.exit_code == 0 and not bad and bool(run.outcomes)
+        ok, detail = _folder(run)
         self.check(
             "offloading folder passes, all patches", ok, detail, log=_rel(run.log, self.reports)
         )
@@ -309,6 +316,16 @@ class _Steps:
         ok = score is not None and share >= GAP_TARGET
         self.check(f"vLLM + gap tests kill at least {GAP_TARGET:g}%", ok, detail,
                    log="logs/gaps-audit.log")  # fmt: skip
+
+
+def _folder(run: TestRun) -> tuple[bool, str]:
+    """Whether a folder's run is green (every test passed or skipped), and its counts."""
+    bad = [o for o in run.outcomes if o.outcome not in (PASSED, SKIPPED)]
+    detail = (
+        f"{run.count(PASSED)} passed, {run.count(SKIPPED)} skipped, "
+        f"{len(bad)} failed or errors" + (f" (first: {bad[0].test_id})" if bad else "")
+    )
+    return run.exit_code == 0 and not bad and bool(run.outcomes), detail
 
 
 def _node(fix: Fix) -> str:
@@ -383,18 +400,10 @@ def _audit(
     log: Path,
 ) -> tuple[int, dict[str, Any] | None]:
     """``fence-audit mutate`` in a process of its own; its exit code and audit.json."""
-    log.parent.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "audit", "mutate", "--reports", str(reports), *args]
-    with log.open("w") as out:
-        out.write("$ " + " ".join(command) + "\n")
-        out.flush()
-        code = subprocess.run(
-            command,
-            env={**os.environ, "FENCE_AUDIT_VLLM_VERSION": workspace.release, **env},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            check=False,
-        ).returncode
+    code = run_logged(
+        command, log=log, env={**os.environ, VLLM_VERSION_ENV: workspace.release, **env}
+    )
     results = reports / "audit.json"
     try:
         document = json.loads(results.read_text()) if code in (0, 2) else None
@@ -410,15 +419,8 @@ def _hunt(workspace: Workspace, reports: Path, vllm_tree: Path, fixed: str, seco
     command = [sys.executable, str(runner), "--seconds", str(seconds), "--seed", "0",
                "--reports", str(reports / "hunt")]  # fmt: skip
     path = os.pathsep.join([str(vllm_tree), *filter(None, [os.environ.get("PYTHONPATH")])])
-    with log.open("w") as out:
-        out.write("$ " + " ".join(command) + "\n")
-        out.flush()
-        return subprocess.run(
-            command,
-            env={**os.environ, "FENCE_AUDIT_VLLM_VERSION": workspace.release,
-                 FIXED_ENV: fixed, "PYTHONPATH": path},
-            stdout=out, stderr=subprocess.STDOUT, check=False,
-        ).returncode  # fmt: skip
+    env = {**os.environ, VLLM_VERSION_ENV: workspace.release, FIXED_ENV: fixed, "PYTHONPATH": path}
+    return run_logged(command, log=log, env=env)
 
 
 def _score(document: dict[str, Any] | None) -> Score | None:
@@ -433,17 +435,6 @@ def _score(document: dict[str, Any] | None) -> Score | None:
         vllm_killed=score.get("killed_by_vllm", 0),
         vllm_regions={n: r.get("killed_by_vllm", 0) for n, r in regions.items() if n in REGIONS},
     )
-
-
-def _untouched(workspace: Workspace, series: Series) -> None:
-    """The installed vLLM's target and every file a patch changes, as pip installed them."""
-    vllm = installed_vllm(workspace.release)
-    modules = {workspace.config.target}
-    for fix in series.fixes:
-        for relpath in patched_files(fix.patch):
-            modules.add(relpath.removesuffix(".py").replace("/", "."))
-    for module in sorted(modules):
-        verify_untouched(vllm, module)
 
 
 def _rel(path: Path, root: Path) -> str:

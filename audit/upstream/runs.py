@@ -52,12 +52,13 @@ class TestRun:
     def count(self, outcome: str) -> int:
         return sum(1 for o in self.outcomes if o.outcome == outcome)
 
-    def seconds_by_file(self) -> dict[str, float]:
-        """pytest's time per test file, summed over its tests, in file order."""
-        files: dict[str, float] = {}
+    def by_file(self) -> dict[str, tuple[int, float]]:
+        """Per test file, in file order: its tests, and pytest's time summed over them."""
+        files: dict[str, tuple[int, float]] = {}
         for o in self.outcomes:
             name = o.test_id.split("::", 1)[0]
-            files[name] = files.get(name, 0.0) + o.seconds
+            tests, seconds = files.get(name, (0, 0.0))
+            files[name] = (tests + 1, seconds + o.seconds)
         return files
 
 
@@ -72,7 +73,6 @@ def run_tests(
     environment: Mapping[str, str] | None = None,
 ) -> TestRun:
     """Run ``selection`` (paths or node ids from the tree's root) in ``tree``."""
-    log.parent.mkdir(parents=True, exist_ok=True)
     junit = log.with_suffix(".xml")
     junit.unlink(missing_ok=True)
     env = child_environment(environment or os.environ, prepare_hf_home(cache_dir, models))
@@ -94,14 +94,23 @@ def run_tests(
         *extra_args,
     ]
     started = time.monotonic()
+    code = run_logged(command, log=log, env=env, cwd=tree)
+    seconds = time.monotonic() - started
+    return TestRun(read_junit(junit) if junit.is_file() else (), code, seconds, log)
+
+
+def run_logged(
+    command: Sequence[str], *, log: Path, env: Mapping[str, str], cwd: Path | None = None
+) -> int:
+    """Run ``command``, its output (stderr too) into ``log`` after the command line
+    itself; its exit code."""
+    log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as out:
         out.write("$ " + " ".join(command) + "\n")
         out.flush()
-        code = subprocess.run(
-            command, cwd=tree, env=env, stdout=out, stderr=subprocess.STDOUT, check=False
+        return subprocess.run(
+            command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, check=False
         ).returncode
-    seconds = time.monotonic() - started
-    return TestRun(read_junit(junit) if junit.is_file() else (), code, seconds, log)
 
 
 def read_junit(junit: Path) -> tuple[TestOutcome, ...]:

@@ -7,13 +7,14 @@ any other. The registry is the one place that says which release has which bug.
 
 from __future__ import annotations
 
-import os
 import tomllib
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from audit.findings import fixed_findings
 
 REGISTRY = Path(__file__).resolve().parents[2] / "docs" / "findings.toml"
 FINDINGS: dict[str, dict[str, Any]] = {
@@ -22,10 +23,8 @@ FINDINGS: dict[str, dict[str, Any]] = {
 VLLM_VERSION = version("vllm")
 # Findings whose fix the vLLM under test carries although its release has the bug: set
 # by the upstream checks, which run this suite on a release with vLLM patched
-# (docs/upstream/); comma-separated ids, as audit/findings.py reads them.
-FIXED = frozenset(
-    filter(None, (i.strip() for i in os.environ.get("FENCE_AUDIT_FIXED_FINDINGS", "").split(",")))
-)
+# (docs/upstream/; $FENCE_AUDIT_FIXED_FINDINGS, read as the audit reads it).
+FIXED = fixed_findings()
 
 
 def at_least(release: str) -> bool:
