@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 from pathlib import Path
 
 from audit.config import Config, load_config
-from audit.errors import AuditError, ExitCode
+from audit.errors import AuditError, ConfigError, ExitCode
 from audit.files import write_json, write_text
 from audit.findings import load_findings
 from audit.upstream.checks import Options, run_checks
@@ -72,13 +73,13 @@ def _check(config: Config, args: argparse.Namespace) -> int:
     reports = (args.reports or config.reports_dir) / "upstream"
     findings = {f.id: f for f in load_findings(config.findings_file, ROOT)}
     series = load_series(args.series, set(findings))
-    workspace = open_workspace(config, reports.parent)
     options = Options(
-        ruff=args.ruff,
+        ruff=_executable(args.ruff) if args.ruff else "",
         hunt_seconds=args.hunt_seconds,
         audit=not args.no_audit,
         hunt=not args.no_hunt,
-    )
+    )  # every input checked before anything is fetched or built
+    workspace = open_workspace(config, reports.parent)
     print(
         f"upstream: {len(series.fixes)} fixes and {len(series.gap_tests)} gap test files "
         f"on vLLM {workspace.release}",
@@ -99,6 +100,17 @@ def _check(config: Config, args: argparse.Namespace) -> int:
           + (f"{len(failed)} of {len(outcome.checks)} checks FAILED" if failed
              else f"all {len(outcome.checks)} checks passed"))  # fmt: skip
     return int(ExitCode.UPSTREAM_CHECK_FAILED) if failed else 0
+
+
+def _executable(name: str) -> str:
+    """``--ruff``'s program as an absolute path (the checks run it inside the trees)."""
+    found = shutil.which(name)
+    if found is None:
+        raise ConfigError(
+            f"--ruff {name} is not an executable",
+            details={"next": "install ruff (nox -s upstream does), or leave --ruff out"},
+        )
+    return str(Path(found).resolve())
 
 
 def _try(config: Config, args: argparse.Namespace) -> int:

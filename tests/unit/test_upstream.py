@@ -255,3 +255,13 @@ def test_check_exits_16_when_a_check_failed_and_writes_the_page(
     page = tmp_path / "reports" / "upstream" / "index.html"
     assert ("every check passed" if ok else "a check FAILED") in page.read_text()
     assert (tmp_path / "reports" / "upstream" / "upstream.json").is_file()
+
+
+def test_a_ruff_that_is_not_there_is_one_line_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
+    import audit.upstream.__main__ as upstream_main
+
+    code = upstream_main.main(["check", "--no-audit", "--ruff", "no/such/ruff"])
+    assert code == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "--ruff no/such/ruff is not an executable" in err
