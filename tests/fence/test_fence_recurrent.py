@@ -48,6 +48,7 @@ from vllm.v1.kv_cache_interface import (
     KVCacheConfig,
     KVCacheGroupSpec,
     MambaSpec,
+    SlidingWindowSpec,
 )
 from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import Request, RequestStatus
@@ -81,20 +82,36 @@ def _hand_offs(handoffs: dict[str, list[tuple[int, int, int]]]) -> SchedulerOutp
     return output
 
 
-def recurrent_scheduler() -> OffloadingConnectorScheduler:
+def recurrent_scheduler(window_blocks: int | None = None) -> OffloadingConnectorScheduler:
     """The real connector scheduler over a full-attention plus Mamba "align" layout
-    (64 GPU blocks of ``BLOCK`` tokens), partial tails on."""
+    (64 GPU blocks of ``BLOCK`` tokens), partial tails on; with ``window_blocks``, a
+    sliding-window group of that many blocks after them (group 2), hits in whole
+    blocks and no partial tails."""
     config = vllm_config(block_size=BLOCK, num_gpu_blocks=64)
-    config.cache_config.prefix_match_unit = 4  # fine-grained hits: partial tails
+    if window_blocks is None:
+        config.cache_config.prefix_match_unit = 4  # fine-grained hits: partial tails
+    common = {"num_kv_heads": 1, "head_size": 1, "dtype": torch.float32}
+    sliding = (
+        []
+        if window_blocks is None
+        else [
+            KVCacheGroupSpec(
+                ["sliding"],
+                SlidingWindowSpec(
+                    block_size=BLOCK,
+                    sliding_window=window_blocks * BLOCK,
+                    **common,  # type: ignore[arg-type]
+                ),
+            )
+        ]
+    )
     kv_cache_config = KVCacheConfig(
         num_blocks=64,
         kv_cache_tensors=[],
         kv_cache_groups=[
             KVCacheGroupSpec(
                 ["full"],
-                FullAttentionSpec(
-                    block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32
-                ),
+                FullAttentionSpec(block_size=BLOCK, **common),  # type: ignore[arg-type]
             ),
             KVCacheGroupSpec(
                 ["mamba"],
@@ -105,11 +122,12 @@ def recurrent_scheduler() -> OffloadingConnectorScheduler:
                     mamba_cache_mode="align",
                 ),
             ),
+            *sliding,
         ],
     )
     spec = FenceOffloadingSpec(build_offloading_config(config, kv_cache_config))
     sched = OffloadingConnectorScheduler(spec, config, kv_cache_config)
-    assert sched.config.supports_partial_tail
+    assert sched.config.supports_partial_tail == (window_blocks is None)
     init_none_hash(sha256)
     return sched
 
@@ -190,6 +208,62 @@ def test_hand_off_stores_stay_fenced_until_they_complete(first: str) -> None:
     r.complete(order[1])
     assert r.sched._block_id_to_pending_jobs == {}
     assert not r.sched._jobs
+
+
+@pytest.mark.skipif(
+    not HAS_BOUNDARY_STORES,
+    reason="this vLLM does not collect block copies (kv_cache_block_copies, vLLM 0.29.0 on)",
+)
+def test_a_copy_on_write_destination_is_not_stored_as_a_window_block() -> None:
+    """A block copy's destination is a fresh block: a sliding-window position that
+    still names it must not be stored from it once the copy has written it. (On
+    vLLM with the upstream series, docs/upstream/, this kills the
+    `_update_req_states` mutant that leaves copy destinations out of the step's
+    fresh blocks: the prefix-hit fix zeroes only fresh ids.)
+
+    A hybrid layout: full attention, Mamba "align" and a one-block sliding window.
+    The request has computed 60 of its 64 prompt tokens and this step computes the
+    last 4. Its window has moved past block index 2 (tokens 32-47), so the manager
+    freed that block (33) and, in the same step, makes it the destination of a
+    copy-on-write copy of the Mamba state. The connector's copy of the window table
+    still names 33 at index 2. A store of index 2 may read 33 only if the worker
+    runs it before this step's copy and forward pass, that is, if it is flushed;
+    otherwise it stores the copied Mamba state as that position's KV.
+    """
+    sched = recurrent_scheduler(window_blocks=1)
+    request = Request(
+        request_id="req",
+        prompt_token_ids=list(range(64)),
+        sampling_params=SamplingParams(max_tokens=4, ignore_eos=True),
+        pooling_params=None,
+        block_hasher=get_request_block_hasher(BLOCK, sha256),
+    )
+    sched.on_new_request(request)
+    state = sched._req_status["req"]
+    state.group_states[0].block_ids[:] = [11, 12, 13, 14]
+    state.group_states[1].block_ids[:] = [0, 0, 0, 21]  # Mamba: the running state
+    state.group_states[2].block_ids[:] = [31, 32, 33, 34]
+    request.num_computed_tokens = 60
+    output = SchedulerOutput.make_empty()
+    output.num_scheduled_tokens = {"req": 4}
+    output.total_num_scheduled_tokens = 4
+    output.scheduled_cached_reqs.req_ids = ["req"]
+    output.scheduled_cached_reqs.new_block_ids = [None]
+    output.kv_cache_block_copies = [KVCacheBlockCopy(21, 33)]
+    meta = sched.build_connector_meta(output)
+    found = check_state(sched, 1)
+    if found:
+        raise FenceViolation(found)
+    unflushed = [
+        job_id
+        for job_id, job in meta.store_jobs.items()
+        if 33 in job.src_spec.block_ids.tolist() and job_id not in meta.jobs_to_flush
+    ]
+    assert not unflushed, (
+        f"store jobs {unflushed} read block 33 for the request's sliding-window block "
+        "index 2 after the manager made 33 this step's copy destination, and are not "
+        "flushed: they would store the copied Mamba state as that position's KV"
+    )
 
 
 # The random workloads of this layout. The engine-level machine
