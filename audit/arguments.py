@@ -84,6 +84,9 @@ def release(text: str) -> str:
     return text
 
 
+DEFAULT_STANDINGS = Path("locks") / "standings"
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = Parser(add_help=False)
     common.add_argument(
@@ -232,13 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument(
         "--compare", type=path, metavar="OLD_AUDIT_JSON", help="show changes since this run"
     )
-    gate = commands.add_parser(
-        "gate",
-        parents=[common],
-        help="check a saved audit.json against the thresholds (exit 2 below, 3 timeouts only)",
-    )
-    gate.add_argument("--results", type=path, help="default: REPORTS/audit.json")
-    add_gate_options(gate)
+    add_gate_commands(commands, common)
     catalogue_cmd = commands.add_parser(
         "catalogue",
         parents=[common],
@@ -278,6 +275,48 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_cache_command(commands, common)
     return parser
+
+
+def add_gate_commands(commands: argparse._SubParsersAction[Parser], common: Parser) -> None:
+    """``gate`` (thresholds, or a release's standing) and ``accept`` (record a standing)."""
+    gate = commands.add_parser(
+        "gate",
+        parents=[common],
+        help="check a saved audit.json against the thresholds (exit 2 below, 3 timeouts only)",
+    )
+    gate.add_argument("--results", type=path, help="default: REPORTS/audit.json")
+    gate.add_argument(
+        "--standing",
+        type=path,
+        nargs="?",
+        const=DEFAULT_STANDINGS,
+        metavar="DIR",
+        help="compare with the release's recorded standing in DIR (default "
+        f"{DEFAULT_STANDINGS}) instead of the thresholds: exit 17 when worse; a release "
+        "with no standing is gated by the thresholds",
+    )
+    add_gate_options(gate)
+    accept = commands.add_parser(
+        "accept",
+        parents=[common],
+        help="record the release's standing from a saved audit.json (reviewed in a pull "
+        "request; the scheduled gate compares with it)",
+    )
+    accept.add_argument("--results", type=path, help="default: REPORTS/audit.json")
+    accept.add_argument(
+        "--standings",
+        type=path,
+        default=DEFAULT_STANDINGS,
+        metavar="DIR",
+        help=f"where standings are kept (default {DEFAULT_STANDINGS})",
+    )
+    accept.add_argument(
+        "--reason",
+        action="append",
+        default=[],
+        metavar="MUTANT_ID=WHY",
+        help="why a mutant left alive is accepted (a reason already recorded is kept)",
+    )
 
 
 def add_cache_command(commands: argparse._SubParsersAction[Parser], common: Parser) -> None:

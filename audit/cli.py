@@ -14,7 +14,17 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
-from audit import cache, catalogue, changes, environment, hermetic, pipeline, shards, sources
+from audit import (
+    cache,
+    catalogue,
+    changes,
+    environment,
+    hermetic,
+    pipeline,
+    shards,
+    sources,
+    standing,
+)
 from audit import scope as scopes
 from audit.arguments import build_parser
 from audit.config import (
@@ -76,7 +86,7 @@ def run(args: argparse.Namespace) -> ExitCode:
     config = config_from_arguments(args)
     if getattr(args, "no_catalogue", False):  # mutmut's mutants only
         config = dataclasses.replace(config, catalogue_dir=None)
-    if args.command in ("report", "gate"):
+    if args.command in ("report", "gate", "accept"):
         return from_results(config, args)
     if args.command == "merge":
         return merge(config, args)
@@ -432,16 +442,57 @@ def _catalogue_source(
 
 
 def from_results(config: Config, args: argparse.Namespace) -> ExitCode:
-    """``report`` and ``gate``: they read a saved audit.json and run nothing."""
+    """``report``, ``gate`` and ``accept``: they read a saved audit.json and run nothing."""
+    if args.command == "accept":
+        return accept(config, args)
     path = resolved(args.results or config.reports_dir / "audit.json", "--results")
     if args.command == "gate":
         gate = thresholds(config, args)
-        return print_gate(pipeline.gate(load_results(path), gate, config))
+        results = load_results(path)
+        if args.standing is not None:
+            against = standing.path_for(args.standing, results.vllm_version)
+            if against.is_file():
+                return print_comparison(standing.compare(standing.load(against), results))
+            print(
+                f"fence-audit: no standing of vLLM {results.vllm_version} in {args.standing}: "
+                "the thresholds gate it"
+            )
+        return print_gate(pipeline.gate(results, gate, config))
     previous = compared(args.compare) if args.compare else None
     written = pipeline.report(config, path, previous).written
     print(f"fence-audit: report {written.index}; summary {written.summary}; {written.junit}")
     print_skipped(written)
     return ExitCode.OK
+
+
+def accept(config: Config, args: argparse.Namespace) -> ExitCode:
+    """``accept``: record the release's standing from a saved audit.json; a reason
+    already recorded for a mutant left alive is kept unless ``--reason`` gives another."""
+    path = resolved(args.results or config.reports_dir / "audit.json", "--results")
+    results = load_results(path)
+    previous = standing.path_for(args.standings, results.vllm_version)
+    reasons = {}
+    if previous.is_file():
+        reasons = {k: v["reason"] for k, v in standing.load(previous).alive.items()}
+    reasons.update(standing.parse_reasons(args.reason))
+    accepted = standing.of_results(results, reasons)
+    written = standing.record(args.standings, accepted)
+    print(
+        f"fence-audit: the standing of vLLM {accepted.vllm_version} is {written}: "
+        f"{accepted.score.text()}, {len(accepted.alive)} accepted alive, "
+        f"{len(accepted.findings)} findings; review it as a diff in a pull request"
+    )
+    return ExitCode.OK
+
+
+def print_comparison(comparison: standing.Comparison) -> ExitCode:
+    """Print the comparison, add it to a GitHub job's summary, and give its exit code."""
+    print(comparison.render())
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        with Path(summary).open("a", encoding="utf-8") as handle:
+            handle.write(comparison.markdown())
+    return ExitCode.WORSE_THAN_STANDING if comparison.worse else ExitCode.OK
 
 
 def merge(config: Config, args: argparse.Namespace) -> ExitCode:

@@ -31,6 +31,7 @@ class ExitCode(IntEnum):
     HUNT_FOUND = 14  # `nox -s hunt`: the machine raised; hunt.md holds the shrunk program
     PATCH_DOES_NOT_APPLY = 15  # `nox -s upstream`: a fix no longer applies to the release
     UPSTREAM_CHECK_FAILED = 16  # `nox -s upstream`: a check of the patch series failed
+    WORSE_THAN_STANDING = 17  # `gate --standing`: the run is worse than its release's standing
     INTERNAL = 70  # a bug in fence-audit
     INTERRUPTED = 130  # Ctrl-C or SIGTERM: the results so far are written, marked incomplete
 

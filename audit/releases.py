@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from html import escape
 from pathlib import Path
 
+from audit import standing
 from audit.config import release_key
 from audit.errors import AuditError, ConfigError, ExitCode
 from audit.files import write_text
@@ -52,12 +53,32 @@ class ReleaseRow:
     carried: tuple[str, ...] = ()  # catalogue bugs this release has
     findings: tuple[dict[str, str], ...] = ()  # real vLLM bugs this project's tests found
     duration_s: float = 0.0
+    # since the release's recorded standing: "unchanged", "better", "worse", or "" (none)
+    standing: str = ""
+    standing_notes: tuple[str, ...] = ()  # what got worse or better, one sentence each
 
 
-def collect(folder: Path) -> list[ReleaseRow]:
-    """One row per ``folder/VERSION/``, oldest release first."""
-    rows = [_row(path) for path in folder.iterdir() if release_key(path.name) and path.is_dir()]
+def collect(folder: Path, standings: Path | None = None) -> list[ReleaseRow]:
+    """One row per ``folder/VERSION/``, oldest release first; with ``standings``, each
+    compared with its release's recorded standing there."""
+    rows = [
+        _with_standing(_row(path), path, standings)
+        for path in folder.iterdir()
+        if release_key(path.name) and path.is_dir()
+    ]
     return sorted(rows, key=lambda row: release_key(row.version) or ())
+
+
+def _with_standing(row: ReleaseRow, folder: Path, standings: Path | None) -> ReleaseRow:
+    if standings is None or row.state != "complete":
+        return row
+    recorded = standing.path_for(standings, row.version)
+    if not recorded.is_file():
+        return replace(row, standing="no standing")
+    comparison = standing.compare(standing.load(recorded), load_results(folder / "audit.json"))
+    notes = tuple(f"worse: {w}" for w in comparison.worse)
+    notes += tuple(f"better: {b}" for b in comparison.better)
+    return replace(row, standing=comparison.state, standing_notes=notes)
 
 
 def _row(folder: Path) -> ReleaseRow:
@@ -114,9 +135,9 @@ def _catalogue_counts(results: AuditResults) -> dict[str, int]:
     return counts
 
 
-def write_pages(folder: Path) -> list[Path]:
+def write_pages(folder: Path, standings: Path | None = None) -> list[Path]:
     """Write the three pages over the releases found in ``folder``; return their paths."""
-    rows = collect(folder)
+    rows = collect(folder, standings)
     if not rows:
         raise ConfigError(
             "no release audit found",
@@ -153,12 +174,12 @@ def render_markdown(rows: list[ReleaseRow]) -> str:
         "",
         "| release | score | vLLM alone | "
         + " | ".join(regions)
-        + " | vLLM fence tests | catalogue | findings |",
-        "|---|--:|--:|" + "--:|" * len(regions) + "--:|---|---|",
+        + " | vLLM fence tests | catalogue | findings | since its standing |",
+        "|---|--:|--:|" + "--:|" * len(regions) + "--:|---|---|---|",
     ]
     for row in rows:
         if row.state not in ("complete", "incomplete"):
-            lines.append(f"| {row.version} | {row.state} |" + " |" * (len(regions) + 4))
+            lines.append(f"| {row.version} | {row.state} |" + " |" * (len(regions) + 5))
             continue
         per_region = [
             percent_text(row.regions[r].score) if r in row.regions else "" for r in regions
@@ -169,7 +190,7 @@ def render_markdown(rows: list[ReleaseRow]) -> str:
             f"| {row.version} | {score} of {row.judged} | {percent_text(row.vllm_score)} | "
             + " | ".join(per_region)
             + f" | {len(row.vllm_fence_tests)} of {row.vllm_tests} | {_catalogue_text(row)}"
-            + f" | {findings} |"
+            + f" | {findings} | {_standing_text(row)} |"
         )
     carried = [(row.version, c) for row in rows for c in row.carried]
     if carried:
@@ -187,6 +208,13 @@ def render_markdown(rows: list[ReleaseRow]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _standing_text(row: ReleaseRow) -> str:
+    if not row.standing:
+        return ""
+    # each note starts with "worse:" or "better:"; unchanged has none
+    return "; ".join(row.standing_notes) or row.standing
+
+
 def render_html(rows: list[ReleaseRow]) -> str:
     regions = _regions(rows)
     head = "".join(f"<th class=num>{escape(r)}</th>" for r in regions)
@@ -196,7 +224,7 @@ def render_html(rows: list[ReleaseRow]) -> str:
         if row.state not in ("complete", "incomplete"):
             body.append(
                 f"<tr><td>{escape(row.version)}</td>"
-                f'<td colspan="{len(regions) + 6}">{escape(row.state)}</td></tr>'
+                f'<td colspan="{len(regions) + 7}">{escape(row.state)}</td></tr>'
             )
             continue
         cells = "".join(
@@ -223,7 +251,9 @@ def render_html(rows: list[ReleaseRow]) -> str:
             f"{len(row.vllm_fence_tests)} of {row.vllm_tests}</td>"
             f"<td>{escape(_catalogue_text(row))}"
             + (f"<br>carried: {escape(', '.join(row.carried))}" if row.carried else "")
-            + f"</td><td>{findings or 'none'}</td></tr>"
+            + f"</td><td>{findings or 'none'}</td>"
+            + f'<td class="standing-{escape(row.standing or "none")}">'
+            + f"{escape(_standing_text(row))}</td></tr>"
         )
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
@@ -236,7 +266,7 @@ def render_html(rows: list[ReleaseRow]) -> str:
         + _chart(rows)
         + "<table id=releases><thead><tr><th>release</th><th class=num>score</th>"
         f"<th class=num>vLLM alone</th>{head}<th class=num>vLLM fence tests</th>"
-        "<th>catalogue</th><th>findings</th></tr></thead><tbody>"
+        "<th>catalogue</th><th>findings</th><th>since its standing</th></tr></thead><tbody>"
         + "".join(body)
         + "</tbody></table></body></html>\n"
     )
@@ -284,11 +314,17 @@ def _chart(rows: list[ReleaseRow]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m audit.releases FOLDER``: write the releases pages over FOLDER."""
-    args = sys.argv[1:] if argv is None else argv
+    """``python -m audit.releases [FOLDER] [--standings DIR]``: write the releases pages
+    over FOLDER, each release compared with its standing in DIR when given."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    standings = None
+    if "--standings" in args:
+        at = args.index("--standings")
+        standings = Path(args[at + 1]) if at + 1 < len(args) else None
+        del args[at : at + 2]
     folder = Path(args[0] if args else "reports/releases")
     try:
-        written = write_pages(folder)
+        written = write_pages(folder, standings)
     except AuditError as error:
         print(error.render(), file=sys.stderr)
         return int(error.exit_code)

@@ -99,3 +99,33 @@ def test_the_releases_page_in_a_browser(releases: Path) -> None:
         assert browser.script_errors() == []
     finally:
         browser.close()
+
+
+def test_each_release_says_how_it_stands_since_its_standing(releases: Path, tmp_path: Path) -> None:
+    """0.33.0 as recorded (unchanged), 0.10.0 with a mutant its standing records as
+    killed now alive (worse, naming the test that killed it), a release with no
+    standing (none)."""
+    from audit.report_model import load_results
+    from audit.standing import of_results, record
+
+    standings = tmp_path / "standings"
+    for version in ("0.33.0", "0.10.0"):
+        results = load_results(releases / version / "audit.json")
+        alive = {m.id: "accepted" for m in results.mutants if m.status.value != "killed"}
+        accepted = of_results(results, alive)
+        if version == "0.10.0":
+            survivor = next(iter(accepted.alive))
+            accepted.killed[survivor] = "tests/test_fence.py::test_it"
+            del accepted.alive[survivor]
+        record(standings, accepted)
+    release(releases, "0.34.0")
+    rows = {row.version: row for row in collect(releases, standings)}
+    assert rows["0.33.0"].standing == "unchanged"
+    assert rows["0.34.0"].standing == "no standing"
+    assert rows["0.10.0"].standing == "worse"
+    assert "tests/test_fence.py::test_it killed it" in rows["0.10.0"].standing_notes[0]
+    assert main([str(releases), "--standings", str(standings)]) == 0
+    table = (releases / "releases.md").read_text()
+    assert "| worse: Fence." in table
+    assert "killed it in the standing |" in table
+    assert "| unchanged |" in table
