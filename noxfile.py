@@ -155,6 +155,24 @@ def merge(session: nox.Session) -> None:
 
 
 @nox.session(venv_backend="none", default=False)
+def gate(session: nox.Session) -> None:
+    """Gate a saved run: `nox -s gate -- [--reports DIR] [--standing]`.
+
+    With --standing (the scheduled workflow): compared with the release's standing in
+    locks/standings/, exit 17 when worse; a release with none is gated by the
+    thresholds, as a pull request is.
+    """
+    fence_audit(session, "gate")
+
+
+@nox.session(venv_backend="none", default=False)
+def accept(session: nox.Session) -> None:
+    """Record a release's standing from a saved run, for review in a pull request:
+    `nox -s accept -- [--reports DIR] [--reason MUTANT_ID=WHY ...]`."""
+    fence_audit(session, "accept")
+
+
+@nox.session(venv_backend="none", default=False)
 def cache(session: nox.Session) -> None:
     """What fence-audit's cache holds: `nox -s cache -- [--prune DAYS] [--max-mb MB]`.
 
