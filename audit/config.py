@@ -194,7 +194,10 @@ def config_from_arguments(args: Any) -> Config:
     pyproject = args.config
     if pyproject is None and Path("pyproject.toml").is_file():
         pyproject = Path("pyproject.toml")
-    config = load_config(resolved(pyproject, "--config") if pyproject else None)
+    config = load_config(
+        resolved(pyproject, "--config") if pyproject else None,
+        table_required=args.config is not None,
+    )
     if args.reports:
         config = dataclasses.replace(config, reports_dir=resolved(args.reports, "--reports"))
     if getattr(args, "cache_dir", None):
@@ -206,8 +209,17 @@ def config_from_arguments(args: Any) -> Config:
     return config
 
 
-def load_config(pyproject: Path | None = None, *, project_dir: Path | None = None) -> Config:
-    """Read ``[tool.fence-audit]`` from ``pyproject`` (if any) over the defaults."""
+def load_config(
+    pyproject: Path | None = None,
+    *,
+    project_dir: Path | None = None,
+    table_required: bool = False,
+) -> Config:
+    """Read ``[tool.fence-audit]`` from ``pyproject`` (if any) over the defaults.
+
+    ``table_required``: the file was named (``--config``), so a file without the table
+    is a mistake (a typo such as ``[tool.fence_audit]``), not a project using the
+    defaults; the file found as ./pyproject.toml may have none."""
     table = default_table()
     source = "built-in defaults"
     user: dict[str, Any] = {}
@@ -215,6 +227,17 @@ def load_config(pyproject: Path | None = None, *, project_dir: Path | None = Non
         source = str(pyproject)
         data = read_toml(pyproject, "configuration file")
         tool = _expect(data.get("tool", {}), dict, "[tool]", source)
+        if table_required and "fence-audit" not in tool:
+            near = sorted(k for k in tool if k.replace("_", "-").lower() == "fence-audit")
+            raise ConfigError(
+                f"{pyproject} has no [tool.fence-audit] table"
+                + (f" ([tool.{near[0]}] is not it)" if near else ""),
+                details={
+                    "config": source,
+                    "next": "name the table [tool.fence-audit], or drop --config to use "
+                    "the defaults",
+                },
+            )
         user = _expect(tool.get("fence-audit", {}), dict, "[tool.fence-audit]", source)
         table = merge_tables(table, user, source)
         project_dir = project_dir or pyproject.parent

@@ -603,3 +603,17 @@ def test_a_shard_is_ascii_digits_and_at_most_a_thousand(
     assert_refused(
         cli(capsys, "mutate", "--config", config, f"--shard={text}"), ExitCode.USAGE, "--shard"
     )
+
+
+def test_a_named_config_without_the_table_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file named by --config whose table is misspelt is not the defaults: the gate
+    would pass what the intended configuration fails (issue 59)."""
+    config = tmp_path / "pyproject.toml"
+    config.write_text("[tool.fence_audit.gate]\nfail-under = 99\n")
+    assert main(["gate", "--config", str(config), "--results", str(tmp_path / "a.json")]) == 1
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1
+    assert "has no [tool.fence-audit] table ([tool.fence_audit] is not it)" in error
+    assert "next: name the table [tool.fence-audit]" in error

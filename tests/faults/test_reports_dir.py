@@ -42,7 +42,7 @@ def run(command: str, tmp_path: Path, reports: Path | str) -> int:
     """``fence-audit COMMAND --reports REPORTS`` with an empty pyproject (the defaults)."""
     config = tmp_path / "pyproject.toml"
     if not config.exists():
-        config.write_text("")
+        config.write_text("[tool.fence-audit]\n")
     argv = [command, "--config", str(config), "--reports", str(reports)]
     if command == "report":
         argv += ["--results", str(RESULTS)]

@@ -28,7 +28,7 @@ Shards = list[dict[str, Any]]
 
 def merge(tmp_path: Path, paths: list[Path], reports: Path | None = None, *args: str) -> int:
     config = tmp_path / "pyproject.toml"
-    config.write_text("")
+    config.write_text("[tool.fence-audit]\n")
     folder = reports or tmp_path / "reports"
     return main(
         ["merge", "--config", str(config), "--reports", str(folder), *map(str, paths), *args]

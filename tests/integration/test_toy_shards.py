@@ -152,7 +152,7 @@ def test_the_merge_of_n_shards_equals_one_unsharded_run(
     # first job writes one for the matrix.
     costs = read_costs(tmp_path / "whole" / "coverage-map.json")
     config = tmp_path / "pyproject.toml"
-    config.write_text("")
+    config.write_text("[tool.fence-audit]\n")
     for count in (1, 2, 4):
         folder = tmp_path / f"{count}-shards"
         paths = [

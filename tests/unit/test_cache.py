@@ -238,7 +238,7 @@ def test_a_release_s_cached_tests_and_sdist_are_stamped(tmp_path: Path) -> None:
 
 
 def fence_audit(tmp_path: Path, *args: str) -> int:
-    config = write(tmp_path / "pyproject.toml", "")  # the built-in configuration
+    config = write(tmp_path / "pyproject.toml", "[tool.fence-audit]\n")  # the built-in configuration
     return main(["cache", "--config", str(config), *args])
 
 

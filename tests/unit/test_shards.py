@@ -201,7 +201,7 @@ def test_shard_costs_without_a_shard_are_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     config = tmp_path / "pyproject.toml"
-    config.write_text("")
+    config.write_text("[tool.fence-audit]\n")
     code = main(["mutate", "--config", str(config), "--shard-costs", str(config)])
     assert code == ExitCode.USAGE
     assert capsys.readouterr().err.startswith(
@@ -222,7 +222,7 @@ def test_a_shard_reads_back_with_its_part_of_the_run(tmp_path: Path) -> None:
 
 def merge(tmp_path: Path, paths: list[Path], *args: str) -> int:
     config = tmp_path / "pyproject.toml"
-    config.write_text("")  # the built-in configuration
+    config.write_text("[tool.fence-audit]\n")  # the built-in configuration
     reports = ["--reports", str(tmp_path / "reports")]
     return main(["merge", "--config", str(config), *reports, *map(str, paths), *args])
 
@@ -286,7 +286,7 @@ def test_the_gate_refuses_one_shard_and_the_reports_say_what_it_is(
 ) -> None:
     path = save(tmp_path, split(whole_run(), THREE))[0]
     config = tmp_path / "pyproject.toml"
-    config.write_text("")
+    config.write_text("[tool.fence-audit]\n")
     assert main(["gate", "--config", str(config), "--results", str(path)]) == 13
     assert capsys.readouterr().err.startswith(
         "fence-audit: the results are one shard of a run (shard 1 of 3: 3 of the run's 9 "
@@ -356,7 +356,7 @@ def test_a_damaged_shard_field_is_refused_by_name(
     spoil(document)
     path = save(tmp_path, [document])[0]
     config = tmp_path / "pyproject.toml"
-    config.write_text("")
+    config.write_text("[tool.fence-audit]\n")
     assert main(["gate", "--config", str(config), "--results", str(path)]) == 1
     line = capsys.readouterr().err.splitlines()[0]
     assert line.startswith(f"fence-audit: the results file is damaged: {field}: "), line
