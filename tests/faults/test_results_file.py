@@ -79,7 +79,8 @@ def save(tmp_path: Path, audit: dict[str, Any], name: str = "audit.json") -> Pat
 
 def cli(tmp_path: Path, command: str, results: Path, *args: str) -> int:
     config = tmp_path / "pyproject.toml"
-    config.write_text("[tool.fence-audit]\n")  # the built-in configuration; nothing of this project's
+    # the built-in configuration; nothing of this project's
+    config.write_text("[tool.fence-audit]\n")
     reports = ["--reports", str(tmp_path / "reports")] if command == "report" else []
     return main([command, "--config", str(config), *reports, "--results", str(results), *args])
 

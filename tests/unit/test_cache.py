@@ -238,7 +238,8 @@ def test_a_release_s_cached_tests_and_sdist_are_stamped(tmp_path: Path) -> None:
 
 
 def fence_audit(tmp_path: Path, *args: str) -> int:
-    config = write(tmp_path / "pyproject.toml", "[tool.fence-audit]\n")  # the built-in configuration
+    # the built-in configuration
+    config = write(tmp_path / "pyproject.toml", "[tool.fence-audit]\n")
     return main(["cache", "--config", str(config), *args])
 
 

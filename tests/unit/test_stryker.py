@@ -365,7 +365,8 @@ def test_the_report_command_rewrites_mutation_json_from_saved_results(
     (reports / "mutation.json").write_text("stale")
     outputs.claim(reports, "mutation.json")  # an earlier run's (the CLI refuses any other)
     config = tmp_path / "pyproject.toml"
-    config.write_text("[tool.fence-audit]\n")  # this project's own pyproject must not leak into the test
+    # this project's own pyproject must not leak into the test
+    config.write_text("[tool.fence-audit]\n")
     argv = ["report", "--config", str(config), "--reports", str(reports), "--results", str(path)]
     assert main(argv) == 0
     expected = render_mutation_report(load_results(path))
