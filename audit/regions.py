@@ -84,7 +84,7 @@ def resolve_regions(
         details["next"] = (
             "add this release's text as an alternative (function = [...] or "
             'match = [...]), or since = "VERSION" for code a release does not have yet; '
-            'see DESIGN.md, "Regions that follow the code"'
+            'see docs/design/regions-and-catalogue.md, "Regions that follow the code"'
         )
         raise RegionUnresolved(
             f"{count} region anchor{'s' if count != 1 else ''} do{'es' if count == 1 else ''}"

@@ -7,7 +7,7 @@ extracted tree in the cache and touches no network.
 
 With ``--vllm-src PATH`` (a local vLLM checkout) the tests *and* the audited target
 module come from the checkout; the rest of vLLM is the installed package (see
-DESIGN.md, "Auditing a checkout").
+docs/design/set-up.md, "Auditing a checkout").
 """
 
 from __future__ import annotations
