@@ -263,7 +263,9 @@ def test_the_project_catalogue_loads_and_has_enough_entries(project_root: Path) 
     entries = load_catalogue(project_root / "mutants" / "catalogue")
     assert len(entries) >= 30
     assert {e.region for e in entries} == {"population", "flush", "removal", "sliding_window"}
-    assert {"vllm", "project", "known-gap"} <= {e.expected for e in entries}
+    # every entry is killed on the default release, so none is a known gap any more;
+    # the expectations follow what the audit measures there (issue 58)
+    assert {"vllm", "project"} <= {e.expected for e in entries} <= {"vllm", "project", "known-gap"}
     # regressions reconstructed from vLLM's history say which PR or issue
     assert all(e.history for e in entries if re.search(r"before-\d+$", e.id))
     assert {"population-before-48596", "sliding-window-before-42959"} <= {e.id for e in entries}
