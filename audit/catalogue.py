@@ -151,7 +151,30 @@ def load_catalogue(directory: Path) -> tuple[Entry, ...]:
             "the catalogue folder does not exist",
             details={"folder": str(directory), "next": "set catalogue = PATH or create it"},
         )
-    return tuple(load_entry(path) for path in sorted(directory.glob("*.toml")))
+    unread = sorted(
+        path
+        for path in directory.rglob("*")
+        if path.is_file()
+        and path.suffix.lower() == ".toml"
+        and not (path.parent == directory and path.suffix == ".toml")
+    )
+    if unread:
+        raise invalid_file(
+            "a catalogue entry would not be read: entries are the folder's own *.toml files",
+            str(unread[0]),
+            "move it into the catalogue folder itself, named *.toml (lower case)",
+        )
+    entries = tuple(load_entry(path) for path in sorted(directory.glob("*.toml")))
+    seen: dict[tuple[Change, ...], Entry] = {}
+    for entry in entries:
+        twin = seen.setdefault(entry.changes, entry)
+        if twin is not entry:
+            raise invalid_file(
+                f"catalogue entries {twin.id} and {entry.id} make the same change",
+                str(entry.path),
+                f"remove one of them, or make it differ from {twin.path.name}",
+            )
+    return entries
 
 
 def load_entry(path: Path) -> Entry:

@@ -76,7 +76,25 @@ def load_equivalents(path: Path | None) -> tuple[Equivalent, ...]:
             for n, site in enumerate(also, 1)
         )
         out.append(Equivalent(**values, also=sites))
+    _check_listed_once(out, path)
     return tuple(out)
+
+
+def _check_listed_once(equivalents: list[Equivalent], path: Path) -> None:
+    """A mutant (an id, of a function's source) has one verdict: listed twice, the
+    reports would list it twice."""
+    listed: set[tuple[str, str]] = set()
+    for number, equivalent in enumerate(equivalents, 1):
+        for site in equivalent.sites:
+            key = (site.id, site.function_sha256)
+            if key in listed:
+                raise invalid_file(
+                    f"{site.id} is listed twice for the same source (function_sha256 "
+                    f"{site.function_sha256[:12]}...)",
+                    f"{path} [[equivalent]] {number}",
+                    "keep one verdict for it",
+                )
+            listed.add(key)
 
 
 def _strings(record: object, keys: set[str], allowed: set[str], where: str) -> dict[str, str]:

@@ -281,6 +281,65 @@ def test_equivalents_file_that_cannot_be_read_is_an_error(
     assert_refused(outcome, ExitCode.USAGE, f"the equivalents file {problem}", str(equivalents))
 
 
+ENTRY = """format = 1
+id = "{id}"
+region = "flush"
+title = "t"
+bug = "b"
+invariant = "I2"
+symptom = "s"
+expected = "project"
+
+[[change]]
+function = "OffloadingConnectorScheduler._update_req_states"
+statement = "for copy in scheduler_output.kv_cache_block_copies or ():"
+action = "delete"
+"""
+
+
+@pytest.mark.parametrize("where", ["sub/entry.toml", "ENTRY.TOML"])
+def test_a_catalogue_entry_that_would_not_be_read_is_an_error(
+    capsys: pytest.CaptureFixture[str], project: Path, where: str
+) -> None:
+    """An entry in a subfolder, or named *.TOML, was skipped silently (issue 59)."""
+    entry = project / "mutants" / "catalogue" / where
+    entry.parent.mkdir(parents=True)
+    entry.write_text(ENTRY.format(id="entry"))
+    outcome = cli(capsys, "catalogue", "check", "--config", str(project / "pyproject.toml"))
+    assert_refused(outcome, ExitCode.USAGE, "a catalogue entry would not be read", str(entry))
+
+
+def test_two_catalogue_entries_with_the_same_change_are_an_error(
+    capsys: pytest.CaptureFixture[str], project: Path
+) -> None:
+    """Both were judged, each a mutant of its own, the same bug twice (issue 59)."""
+    folder = project / "mutants" / "catalogue"
+    folder.mkdir(parents=True)
+    for name in ("one", "two"):
+        (folder / f"{name}.toml").write_text(ENTRY.format(id=name))
+    outcome = cli(capsys, "catalogue", "check", "--config", str(project / "pyproject.toml"))
+    assert_refused(
+        outcome, ExitCode.USAGE, "catalogue entries one and two make the same change", "two.toml"
+    )
+
+
+def test_an_equivalent_listed_twice_is_an_error(
+    capsys: pytest.CaptureFixture[str], no_run: None, project: Path
+) -> None:
+    """The reports listed such a verdict twice (issue 59)."""
+    equivalents = project / "mutants" / "equivalents.toml"
+    equivalents.parent.mkdir(parents=True)
+    verdict = (
+        '[[equivalent]]\nid = "F.f:swap_op@1:0-1:1#0"\nfunction_sha256 = "ab"\n'
+        'reviewed = "r"\nreason = "why"\n\n'
+    )
+    equivalents.write_text(verdict * 2)
+    outcome = cli(capsys, "regions", "--config", str(project / "pyproject.toml"))
+    assert_refused(
+        outcome, ExitCode.USAGE, "F.f:swap_op@1:0-1:1#0 is listed twice", str(equivalents)
+    )
+
+
 def test_an_index_url_that_is_not_a_url_is_an_error(
     capsys: pytest.CaptureFixture[str],
     no_run: None,
