@@ -231,7 +231,7 @@ def test_all_changes_of_an_entry_must_share_one_function(tmp_path: Path) -> None
 def test_the_catalogue_is_its_entries_by_file_name(tmp_path: Path) -> None:
     for name in ("b", "a"):
         (tmp_path / f"{name}.toml").write_text(
-            entry_text('function = "F.f"\nstatement = "x"\naction = "delete"\n', id=name)
+            entry_text(f'function = "F.f"\nstatement = "{name}"\naction = "delete"\n', id=name)
         )
     (tmp_path / "notes.md").write_text("not an entry")
     assert [e.id for e in load_catalogue(tmp_path)] == ["a", "b"]
