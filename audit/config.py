@@ -341,7 +341,10 @@ def _index_url(table: dict[str, Any], source: str) -> str:
     url, origin = os.environ.get(INDEX_URL_ENV, ""), f"${INDEX_URL_ENV}"
     if not url:
         url, origin = _string(table, "index-url", source), f"index-url in {source}"
-    parts = urllib.parse.urlsplit(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:  # e.g. "http://[::1": an unclosed IPv6 address
+        parts = urllib.parse.SplitResult("", "", "", "", "")
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ConfigError(
             f"the package index URL {url!r} is not an http(s) URL",

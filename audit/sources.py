@@ -12,6 +12,7 @@ docs/design/set-up.md, "Auditing a checkout").
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import posixpath
@@ -69,8 +70,35 @@ def checkout_source(path: Path, module: str) -> TestSource:
             f"--vllm-src {path} is not a vLLM checkout: {missing[0]} is missing",
             details={"next": "pass the root of a vLLM git checkout (it holds vllm/ and tests/)"},
         )
+    _check_target_parses(root / module_relpath(module), path)
     origin = f"checkout {root}"
     return TestSource(root=root, origin=origin, checkout=True, identity=origin)
+
+
+def _check_target_parses(target: Path, path: Path) -> None:
+    """The checkout's target is Python source the audit can read: a pull request
+    that leaves it unparsable is a usage error before anything runs."""
+    where = {"file": str(target)}
+    try:
+        text = target.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            f"--vllm-src {path}: the audited file is not UTF-8 text (byte {error.start})",
+            details={**where, "next": "fix the file's encoding in the checkout"},
+        ) from None
+    except OSError as error:
+        raise ConfigError(
+            f"--vllm-src {path}: the audited file cannot be read ({error.strerror})",
+            details={**where, "next": "check the file in the checkout"},
+        ) from None
+    try:
+        ast.parse(text, filename=str(target))
+    except SyntaxError as error:
+        raise ConfigError(
+            f"--vllm-src {path}: the audited file does not parse (line {error.lineno}: "
+            f"{error.msg})",
+            details={**where, "next": "fix the syntax error in the checkout, then run again"},
+        ) from None
 
 
 def sdist_tests(

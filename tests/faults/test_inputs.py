@@ -340,18 +340,20 @@ def test_an_equivalent_listed_twice_is_an_error(
     )
 
 
+@pytest.mark.parametrize("url", ["notaurl", "http://[::1"])  # an unclosed IPv6 address
 def test_an_index_url_that_is_not_a_url_is_an_error(
     capsys: pytest.CaptureFixture[str],
     no_run: None,
     project: Path,
     monkeypatch: pytest.MonkeyPatch,
+    url: str,
 ) -> None:
-    monkeypatch.setenv("FENCE_AUDIT_INDEX_URL", "notaurl")
+    monkeypatch.setenv("FENCE_AUDIT_INDEX_URL", url)
     outcome = cli(capsys, "fetch", "--config", str(project / "pyproject.toml"))
     assert_refused(
         outcome,
         ExitCode.USAGE,
-        "the package index URL 'notaurl' is not an http(s) URL",
+        f"the package index URL {url!r} is not an http(s) URL",
         "set by:",
         "$FENCE_AUDIT_INDEX_URL",
     )
@@ -676,3 +678,25 @@ def test_a_named_config_without_the_table_is_refused(
     assert error.count("\n") == 1
     assert "has no [tool.fence-audit] table ([tool.fence_audit] is not it)" in error
     assert "next: name the table [tool.fence-audit]" in error
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"def f(:\n    pass\n", "the audited file does not parse (line 1:"),
+        (b"# caf\xe9\n", "the audited file is not UTF-8 text (byte 5)"),
+    ],
+)
+def test_a_checkout_whose_target_is_not_python_is_an_error(
+    capsys: pytest.CaptureFixture[str], project: Path, content: bytes, problem: str
+) -> None:
+    """A realistic pull request: the audited file does not parse, or is not UTF-8; it
+    ended in a traceback (issue 59)."""
+    checkout = project / "vllm-checkout"
+    (checkout / "tests").mkdir(parents=True)
+    target = checkout / "vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py"
+    target.parent.mkdir(parents=True)
+    target.write_bytes(content)
+    config = str(project / "pyproject.toml")
+    outcome = cli(capsys, "regions", "--config", config, "--vllm-src", str(checkout))
+    assert_refused(outcome, ExitCode.USAGE, problem, str(target))
