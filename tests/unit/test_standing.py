@@ -186,7 +186,8 @@ def test_each_way_of_getting_worse_fails_and_names_its_cause(
     summary = tmp_path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     path = results(tmp_path / "week", statuses, findings=findings)
-    assert gate(path, "--standing", str(standings)) == ExitCode.WORSE_THAN_STANDING
+    code = gate(path, "--standing", str(standings))
+    assert code == ExitCode.WORSE_THAN_STANDING
     out = capsys.readouterr().out
     assert f"standing of vLLM {VERSION}: worse" in out
     assert cause in out
