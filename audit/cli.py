@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import io
 import os
 import signal
 import sys
@@ -13,6 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
+from typing import TextIO
 
 from audit import (
     cache,
@@ -703,9 +706,50 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+class _OutputReaderGone(io.TextIOBase):
+    """Standard output that outlives its reader: once the pipe is closed
+    (``fence-audit mutate | head -1``), what follows is dropped and the run goes on to
+    write its verdicts and reports, instead of stopping at the next print."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.gone = False
+
+    def write(self, text: str) -> int:
+        if not self.gone:
+            try:
+                self.stream.write(text)
+                self.stream.flush()
+            except BrokenPipeError:
+                self._drop()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.gone:
+            try:
+                self.stream.flush()
+            except BrokenPipeError:
+                self._drop()
+
+    def _drop(self) -> None:
+        self.gone = True
+        # the interpreter's own flush at exit must not fail on the closed pipe either
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _stop)
+    stdout = sys.stdout
+    sys.stdout = _OutputReaderGone(stdout)
+    try:
+        return _main(argv)
+    finally:
+        sys.stdout = stdout
+
+
+def _main(argv: Sequence[str] | None) -> int:
     try:
         # A usage error is a ConfigError too (exit 1): exit 2 means the gate failed.
         return int(run(parse(argv)))

@@ -7,6 +7,8 @@ produces, fails here."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -96,3 +98,22 @@ def test_a_bug_in_fence_audit_is_exit_70_with_its_traceback(
     assert "Traceback" in stderr
     assert "RuntimeError: a bug" in stderr
     assert "fence-audit: internal error" in stderr.splitlines()[-1]
+
+
+def test_output_whose_reader_is_gone_does_not_stop_the_command(tmp_path: Path) -> None:
+    """`fence-audit ... | head -1`: the reader closes the pipe, and the command goes on
+    to its end and its exit code; it used to stop with a traceback (issue 59)."""
+    config = tmp_path / "pyproject.toml"
+    config.write_text("[tool.fence-audit]\n")
+    results = ROOT / "tests" / "unit" / "data" / "results.json"
+    command = [sys.executable, "-m", "audit", "gate", "--config", str(config)]
+    command += ["--results", str(results), "--fail-under", "10"]
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+    assert child.stdout is not None
+    assert child.stderr is not None
+    child.stdout.close()  # before the command prints: its first line meets a closed pipe
+    stderr = child.stderr.read().decode()
+    code = child.wait(timeout=120)
+    assert "Traceback" not in stderr, stderr
+    assert "BrokenPipeError" not in stderr, stderr
+    assert code == ExitCode.OK, stderr
