@@ -59,11 +59,32 @@ def check_reports_dir(root: Path) -> None:
             "the reports folder is a file, not a folder",
             details={"folder": str(root), "next": "choose a folder with --reports"},
         )
+    linked = symlinked(root)
+    if linked:
+        raise ConfigError(
+            f"{linked[0]} in the reports folder is a symbolic link: fence-audit would "
+            "write through it, outside the folder",
+            details={
+                "folder": str(root),
+                "next": f"remove the link {linked[0]}, or choose another folder with --reports",
+            },
+        )
     written = _read(root)
     foreign = _unlisted(root, written)
     if foreign:
         raise _foreign_error(root, foreign)
     _check_writable(root)
+
+
+def symlinked(root: Path) -> list[str]:
+    """The paths fence-audit writes under ``root`` (its files, the folders that hold
+    them, its work folder, the manifest) that are symbolic links: each would carry a
+    write outside the reports folder."""
+    paths = {MANIFEST, SCRATCH.rstrip("/"), *(f.rstrip("/") for f in REPLACED)}
+    for name in FILES:
+        parts = name.split("/")
+        paths.update("/".join(parts[:depth]) for depth in range(1, len(parts) + 1))
+    return sorted(p for p in paths if (root / p).is_symlink())
 
 
 def claim(root: Path, *names: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -293,7 +294,31 @@ def test_a_regions_folder_turned_into_a_link_is_not_followed(
     before = snapshot(elsewhere)
     capsys.readouterr()
     assert run("report", tmp_path, reports) == ExitCode.USAGE
-    assert f"did not write (folder: {reports}; files: regions)" in one_line(capsys)
+    assert "regions in the reports folder is a symbolic link" in one_line(capsys)
+    assert snapshot(elsewhere) == before
+
+
+@pytest.mark.parametrize("name", [".work", "logs", "logs/baseline.log", "audit.json"])
+def test_no_write_goes_through_a_link_in_the_reports_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    """``reports/.work`` or ``reports/logs`` a link to another folder: mutate wrote
+    baseline.coverage and baseline.log there (issue 59). Every path fence-audit writes
+    under the reports folder is checked, before anything is written."""
+    reports = tmp_path / "reports"
+    assert run("report", tmp_path, reports) == ExitCode.OK
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "baseline.log").write_text("mine")
+    link = reports / name
+    if link.exists():
+        link.unlink() if link.is_file() else shutil.rmtree(link)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(elsewhere / "baseline.log" if "." in Path(name).name[1:] else elsewhere)
+    before = snapshot(elsewhere)
+    capsys.readouterr()
+    assert run("report", tmp_path, reports) == ExitCode.USAGE
+    assert f"{name} in the reports folder is a symbolic link" in one_line(capsys)
     assert snapshot(elsewhere) == before
 
 
