@@ -23,6 +23,7 @@ from audit import (
     changes,
     environment,
     hermetic,
+    outputs,
     pipeline,
     shards,
     sources,
@@ -747,6 +748,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _main(argv)
     finally:
         sys.stdout = stdout
+        outputs.release_all()
 
 
 def _main(argv: Sequence[str] | None) -> int:

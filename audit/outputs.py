@@ -16,6 +16,7 @@ layout".
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import tempfile
@@ -76,11 +77,45 @@ def check_reports_dir(root: Path) -> None:
     _check_writable(root)
 
 
+LOCK = ".fence-audit.lock"  # held by the one run writing the folder (flock)
+_held: dict[Path, int] = {}  # the folders this process holds, by resolved path
+
+
+def hold(root: Path) -> None:
+    """Hold the reports folder for this process until :func:`release_all`: a second
+    run on the same folder (its baseline would rebuild .work/ under this one's tests,
+    and overwrite the log this one names) stops here, before anything is written."""
+    key = root.resolve()
+    if key in _held:
+        return
+    claim(root, LOCK)
+    fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise ConfigError(
+            "another fence-audit run is writing this reports folder",
+            details={
+                "folder": str(root),
+                "next": "wait for it to end, or give this run its own folder with --reports",
+            },
+        ) from None
+    _held[key] = fd
+
+
+def release_all() -> None:
+    """Let go of every folder :func:`hold` took (the lock file stays, listed as ours)."""
+    while _held:
+        _, fd = _held.popitem()
+        os.close(fd)
+
+
 def symlinked(root: Path) -> list[str]:
     """The paths fence-audit writes under ``root`` (its files, the folders that hold
     them, its work folder, the manifest) that are symbolic links: each would carry a
     write outside the reports folder."""
-    paths = {MANIFEST, SCRATCH.rstrip("/"), *(f.rstrip("/") for f in REPLACED)}
+    paths = {MANIFEST, LOCK, SCRATCH.rstrip("/"), *(f.rstrip("/") for f in REPLACED)}
     for name in FILES:
         parts = name.split("/")
         paths.update("/".join(parts[:depth]) for depth in range(1, len(parts) + 1))

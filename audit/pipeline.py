@@ -155,6 +155,7 @@ def prepare(
     the group of every function's code outside the regions (:mod:`audit.scope`)."""
     if writes_reports:
         outputs.check_reports_dir(config.reports_dir)
+        outputs.hold(config.reports_dir)
     # The project's own files first: a broken one costs no download.
     entries, equivalents = load_entries(config), load_equivalents(config.equivalents_file)
     vllm = environment.installed_vllm(config.vllm_version, config.vllm_version_from)
@@ -716,6 +717,7 @@ def merge(config: Config, paths: Sequence[Path], thresholds: GateThresholds) -> 
     refused, nor if ``thresholds`` name a region neither configured nor merged). Then
     :func:`report` and :func:`gate`, as after :func:`mutate`."""
     outputs.check_reports_dir(config.reports_dir)
+    outputs.hold(config.reports_dir)
     path = config.reports_dir / "audit.json"
     document = merged_results(paths, path)
     known = {region.name for region in config.regions} | set(document["regions"])
@@ -736,6 +738,7 @@ def report(config: Config, path: Path, previous: AuditResults | None = None) -> 
     run, for the changes in summary.md); nothing is re-run."""
     saved = load_results(path)
     outputs.check_reports_dir(config.reports_dir)
+    outputs.hold(config.reports_dir)
     return ReportStage(saved, write_reports(saved, config.reports_dir, previous))
 
 

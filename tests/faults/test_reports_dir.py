@@ -9,6 +9,7 @@ baseline (the index they would fetch vLLM's tests from does not answer).
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import shutil
@@ -24,7 +25,7 @@ from audit.coverage_map import write_html
 from audit.environment import sha256_file
 from audit.errors import ConfigError, ExitCode
 from audit.model import BaselineRun, Target
-from audit.outputs import MANIFEST
+from audit.outputs import LOCK, MANIFEST
 from audit.report_model import load_results
 from audit.reports import write_reports
 from audit.sources import TestSource
@@ -333,3 +334,24 @@ def baseline_run(tmp_path: Path) -> BaselineRun:
     data.write()
     target = Target("fence", path, path, sha256_file(path))
     return BaselineRun(target, (), data_file, tmp_path / "baseline.log", 0.0)
+
+
+def test_a_second_run_on_the_same_reports_folder_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two runs on one reports folder: the second rebuilt .work/ under the first and
+    overwrote the log it names (issue 59). One run holds the folder; the other stops
+    before writing anything, and runs once the first has let go."""
+    reports = tmp_path / "reports"
+    assert run("report", tmp_path, reports) == ExitCode.OK
+    held = os.open(reports / LOCK, os.O_RDWR)  # as a run in progress holds it
+    fcntl.flock(held, fcntl.LOCK_EX)
+    try:
+        before = snapshot(reports)
+        capsys.readouterr()
+        assert run("report", tmp_path, reports) == ExitCode.USAGE
+        assert "another fence-audit run is writing this reports folder" in one_line(capsys)
+        assert snapshot(reports) == before
+    finally:
+        os.close(held)
+    assert run("report", tmp_path, reports) == ExitCode.OK
