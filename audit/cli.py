@@ -759,7 +759,11 @@ def _main(argv: Sequence[str] | None) -> int:
         print(error.render(), file=sys.stderr)
         return int(error.exit_code)
     except KeyboardInterrupt:
-        print("fence-audit: interrupted", file=sys.stderr)
+        print(
+            "fence-audit: interrupted; next: run the same command again: the verdicts "
+            "so far are kept, and it resumes from them",
+            file=sys.stderr,
+        )
         return 130
     except Exception:
         traceback.print_exc()
