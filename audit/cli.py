@@ -41,6 +41,7 @@ from audit.config import (
 )
 from audit.coverage_map import format_table
 from audit.errors import AuditError, ConfigError, ExitCode
+from audit.files import write_text
 from audit.gate import GateResult
 from audit.inputs import check_cache_dir, resolved
 from audit.jobs import ExecutorOptions
@@ -457,9 +458,11 @@ def from_results(config: Config, args: argparse.Namespace) -> ExitCode:
             against = standing.path_for(args.standing, results.vllm_version)
             if against.is_file():
                 return print_comparison(standing.compare(standing.load(against), results))
+            proposed = propose_standing(config, results)
             print(
                 f"fence-audit: no standing of vLLM {results.vllm_version} in {args.standing}: "
-                "the thresholds gate it"
+                f"the thresholds gate it; its first standing is proposed in {proposed}: "
+                f"review it, then add it as {against} in a pull request"
             )
         return print_gate(pipeline.gate(results, gate, config))
     previous = compared(args.compare) if args.compare else None
@@ -487,6 +490,18 @@ def accept(config: Config, args: argparse.Namespace) -> ExitCode:
         f"{len(accepted.findings)} findings; review it as a diff in a pull request"
     )
     return ExitCode.OK
+
+
+def propose_standing(config: Config, results: AuditResults) -> Path:
+    """The standing ``accept`` would record, written into the reports folder (so a CI
+    artifact holds it); each mutant left alive awaits its reason."""
+    alive = {m.id: standing.UNREVIEWED for m in results.mutants if m.status in standing.ALIVE}
+    path = config.reports_dir / standing.PROPOSED
+    outputs.check_reports_dir(config.reports_dir)
+    outputs.hold(config.reports_dir)
+    outputs.claim(config.reports_dir, standing.PROPOSED)
+    write_text(path, standing.of_results(results, alive).to_json())
+    return path
 
 
 def print_comparison(comparison: standing.Comparison) -> ExitCode:

@@ -45,6 +45,7 @@ FILES = (
     "junit.xml",
     "mutation.json",
     "regions.json",
+    "standing-proposed.json",
     "summary.md",
     "logs/baseline.log",
     "logs/mutants.log",

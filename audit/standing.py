@@ -27,6 +27,8 @@ from audit.protocol import MutantStatus
 from audit.report_model import AuditResults
 
 FORMAT = 1
+PROPOSED = "standing-proposed.json"  # a release's first standing, for review (gate --standing)
+UNREVIEWED = "not reviewed yet: say why it is accepted, or kill it"
 ALIVE = (MutantStatus.SURVIVED, MutantStatus.TIMEOUT, MutantStatus.NO_TESTS, MutantStatus.ERROR)
 _KEYS = {"format", "vllm_version", "recorded_from", "score", "regions", "killed", "alive",
          "findings"}  # fmt: skip

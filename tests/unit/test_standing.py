@@ -209,8 +209,15 @@ def test_a_release_without_a_standing_is_gated_by_the_thresholds(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = results(tmp_path / "new", RECORDED)
-    assert gate(path, "--standing", str(tmp_path / "none")) == 2
-    assert "no standing of vLLM" in capsys.readouterr().out
+    reports = ["--reports", str(tmp_path / "reports")]
+    assert gate(path, "--standing", str(tmp_path / "none"), *reports) == 2
+    out = capsys.readouterr().out
+    assert "no standing of vLLM" in out
+    # its first standing is proposed beside the run (a CI artifact), for review
+    proposed = json.loads((tmp_path / "reports" / "standing-proposed.json").read_text())
+    assert proposed["score"] == {"killed": 3, "judged": 4, "killed_by_vllm": 3}
+    assert proposed["alive"]["m3"]["reason"].startswith("not reviewed yet")
+    assert f"add it as {tmp_path / 'none' / f'vllm-{VERSION}.json'}" in out
 
 
 def test_a_damaged_standing_is_one_line_naming_the_file(
