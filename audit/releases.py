@@ -75,9 +75,14 @@ def _with_standing(row: ReleaseRow, folder: Path, standings: Path | None) -> Rel
     recorded = standing.path_for(standings, row.version)
     if not recorded.is_file():
         return replace(row, standing="no standing")
-    comparison = standing.compare(standing.load(recorded), load_results(folder / "audit.json"))
+    accepted = standing.load(recorded)
+    comparison = standing.compare(accepted, load_results(folder / "audit.json"))
     notes = tuple(f"worse: {w}" for w in comparison.worse)
     notes += tuple(f"better: {b}" for b in comparison.better)
+    notes += tuple(
+        f"accepted alive: {mutant} ({accepted.alive[mutant]['reason']})"
+        for mutant in comparison.unchanged_alive
+    )
     return replace(row, standing=comparison.state, standing_notes=notes)
 
 
@@ -211,8 +216,10 @@ def render_markdown(rows: list[ReleaseRow]) -> str:
 def _standing_text(row: ReleaseRow) -> str:
     if not row.standing:
         return ""
-    # each note starts with "worse:" or "better:"; unchanged has none
-    return "; ".join(row.standing_notes) or row.standing
+    # each note says what it is: "worse:", "better:" or "accepted alive:"
+    if not row.standing_notes:
+        return row.standing
+    return f"{row.standing}; " + "; ".join(row.standing_notes)
 
 
 def render_html(rows: list[ReleaseRow]) -> str:

@@ -126,6 +126,6 @@ def test_each_release_says_how_it_stands_since_its_standing(releases: Path, tmp_
     assert "tests/test_fence.py::test_it killed it" in rows["0.10.0"].standing_notes[0]
     assert main([str(releases), "--standings", str(standings)]) == 0
     table = (releases / "releases.md").read_text()
-    assert "| worse: Fence." in table
-    assert "killed it in the standing |" in table
-    assert "| unchanged |" in table
+    assert "| worse; worse: Fence." in table
+    assert "killed it in the standing; accepted alive: " in table
+    assert "(accepted) |" in table  # an accepted survivor shows why it is accepted
