@@ -155,7 +155,6 @@ def prepare(
     the group of every function's code outside the regions (:mod:`audit.scope`)."""
     if writes_reports:
         outputs.check_reports_dir(config.reports_dir)
-        outputs.hold(config.reports_dir)
     # The project's own files first: a broken one costs no download.
     entries, equivalents = load_entries(config), load_equivalents(config.equivalents_file)
     vllm = environment.installed_vllm(config.vllm_version, config.vllm_version_from)
@@ -186,6 +185,9 @@ def prepare(
         regions = (*regions, changes.outside_group(changed, text, regions))
     if scope == scopes.FILE:
         regions = (*regions, scopes.outside_regions_group(text, regions))
+    findings = load_findings(config.findings_file, config.project_dir)
+    if writes_reports:  # every input checked: the run's first write to the folder
+        outputs.hold(config.reports_dir)
     return Prepared(
         config,
         vllm,
@@ -196,7 +198,7 @@ def prepare(
         entries,
         equivalents,
         changed,
-        load_findings(config.findings_file, config.project_dir),
+        findings,
         scope,
     )
 
@@ -717,11 +719,11 @@ def merge(config: Config, paths: Sequence[Path], thresholds: GateThresholds) -> 
     refused, nor if ``thresholds`` name a region neither configured nor merged). Then
     :func:`report` and :func:`gate`, as after :func:`mutate`."""
     outputs.check_reports_dir(config.reports_dir)
-    outputs.hold(config.reports_dir)
     path = config.reports_dir / "audit.json"
     document = merged_results(paths, path)
     known = {region.name for region in config.regions} | set(document["regions"])
     check_region_names(thresholds, known, path)
+    outputs.hold(config.reports_dir)
     outputs.claim(config.reports_dir, "audit.json")
     write_json(path, document)
     return path
