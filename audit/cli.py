@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import io
 import os
 import signal
 import sys
@@ -15,7 +14,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import TextIO
+from typing import Any, TextIO
 
 from audit import (
     cache,
@@ -722,7 +721,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-class _OutputReaderGone(io.TextIOBase):
+class _OutputReaderGone:
     """Standard output that outlives its reader: once the pipe is closed
     (``fence-audit mutate | head -1``), what follows is dropped and the run goes on to
     write its verdicts and reports, instead of stopping at the next print."""
@@ -746,6 +745,9 @@ class _OutputReaderGone(io.TextIOBase):
                 self.stream.flush()
             except BrokenPipeError:
                 self._drop()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)  # encoding, isatty, fileno, ... as the stream's
 
     def _drop(self) -> None:
         self.gone = True
