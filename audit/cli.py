@@ -734,9 +734,9 @@ class _OutputReaderGone:
         if not self.gone:
             try:
                 self.stream.write(text)
-                self.stream.flush()
             except BrokenPipeError:
                 self._drop()
+            self.flush()
         return len(text)
 
     def flush(self) -> None:

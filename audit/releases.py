@@ -62,21 +62,21 @@ def collect(folder: Path, standings: Path | None = None) -> list[ReleaseRow]:
     """One row per ``folder/VERSION/``, oldest release first; with ``standings``, each
     compared with its release's recorded standing there."""
     rows = [
-        _with_standing(_row(path), path, standings)
+        _row(path, standings)
         for path in folder.iterdir()
         if release_key(path.name) and path.is_dir()
     ]
     return sorted(rows, key=lambda row: release_key(row.version) or ())
 
 
-def _with_standing(row: ReleaseRow, folder: Path, standings: Path | None) -> ReleaseRow:
+def _with_standing(row: ReleaseRow, results: AuditResults, standings: Path | None) -> ReleaseRow:
     if standings is None or row.state != "complete":
         return row
     recorded = standing.path_for(standings, row.version)
     if not recorded.is_file():
         return replace(row, standing="no standing")
     accepted = standing.load(recorded)
-    comparison = standing.compare(accepted, load_results(folder / "audit.json"))
+    comparison = standing.compare(accepted, results)
     notes = tuple(f"worse: {w}" for w in comparison.worse)
     notes += tuple(f"better: {b}" for b in comparison.better)
     notes += tuple(
@@ -86,7 +86,7 @@ def _with_standing(row: ReleaseRow, folder: Path, standings: Path | None) -> Rel
     return replace(row, standing=comparison.state, standing_notes=notes)
 
 
-def _row(folder: Path) -> ReleaseRow:
+def _row(folder: Path, standings: Path | None) -> ReleaseRow:
     results_file = folder / "audit.json"
     if not results_file.is_file():
         return ReleaseRow(folder.name, _why_missing(folder))
@@ -96,7 +96,7 @@ def _row(folder: Path) -> ReleaseRow:
         return ReleaseRow(folder.name, f"unreadable audit.json: {error.summary}")
     tests = json.loads(results_file.read_text(encoding="utf-8")).get("tests", [])
     vllm_tests = [t for t in tests if isinstance(t, str) and not is_project_test(t)]
-    return ReleaseRow(
+    row = ReleaseRow(
         version=results.vllm_version,
         state="incomplete" if results.incomplete else "complete",
         score=results.overall.score,
@@ -118,6 +118,7 @@ def _row(folder: Path) -> ReleaseRow:
         ),
         duration_s=results.duration_s,
     )
+    return _with_standing(row, results, standings)
 
 
 def _why_missing(folder: Path) -> str:

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from audit.errors import ConfigError, ResultsIncomplete
 from audit.files import write_text
-from audit.model import percent_text
+from audit.model import Fraction, percent_text
 from audit.protocol import MutantStatus
 from audit.report_model import AuditResults
 
@@ -42,7 +42,7 @@ class Score:
 
     @property
     def percent(self) -> float | None:
-        return None if not self.judged else 100 * self.killed / self.judged
+        return Fraction(self.killed, self.judged).percent
 
     def text(self) -> str:
         return f"{percent_text(self.percent)} ({self.killed} of {self.judged})"
@@ -164,7 +164,7 @@ class Comparison:
     version: str
     worse: tuple[str, ...] = ()  # each way the run is worse, in a sentence
     better: tuple[str, ...] = ()  # each way it is better
-    unchanged_alive: tuple[str, ...] = field(default=())  # recorded survivors still alive
+    unchanged_alive: tuple[str, ...] = ()  # recorded survivors still alive
 
     @property
     def state(self) -> str:
