@@ -245,6 +245,44 @@ def test_a_chunk_whose_last_block_is_null_is_not_stored() -> None:
     assert sorted(e.stored_positions()) == expected
 
 
+def test_a_chunk_whose_last_block_was_handed_on_is_not_stored_at_abort() -> None:
+    """A chunk whose last block id the connector zeroed is not stored, even when its
+    other block is one a hit can read (catalogue:
+    sliding-window-no-null-last-block-skip, on the patched scheduler too).
+
+    An EAGLE drafter's group with a one-token window, one-token blocks, chunks of two
+    blocks. r0 (5-token prompt) decodes three tokens. Each step vLLM frees the blocks
+    behind the window and hands one back: the id of block index 5 goes to index 7, so
+    the connector zeroes index 5, while the id of index 4 stays free and unchanged.
+    r0 is then aborted, and its final store considers chunk 2, [id, null]. The EAGLE
+    peek makes index 4 (the chunk's first block) reachable and index 5 not, so the
+    checks on reachable null blocks let it through: only the rule on the last block
+    keeps it out, as the connector's comment says (a null last block is a skip or a
+    stale entry). This is the one layout where that rule decides after the upstream
+    fixes: with a window of two tokens or more, a chunk with a reachable block has a
+    reachable last block. (Found by a search over random one-token-window workloads.)
+    """
+    e = FenceEngine(
+        layout="sliding",
+        block_size=1,
+        window_blocks=1,
+        blocks_per_chunk=2,
+        eagle=True,
+        num_gpu_blocks=14,
+        post_step_fns=[FenceOracle()],
+    )
+    e.add_request(range(5), 8, req_id="r0")
+    for _ in range(4):
+        e.step()
+    chunk = e.connector._req_status["r0"].group_states[0].block_ids[4:6]
+    assert chunk[0] != 0 and chunk[1] == 0, f"r0's chunk 2 is {chunk}, not [id, null]"
+    e.abort("r0")
+    e.run()
+    e.drain()
+    stored = {i for (r, _g, i) in e.stored_positions() if r == "r0"}
+    assert not stored & {4, 5}, f"r0's chunk 2 ({chunk}) was stored: {sorted(stored)}"
+
+
 def test_a_null_block_inside_a_stored_chunk_is_neither_read_nor_fenced() -> None:
     """The per-block loop skips a null block and goes on with the chunk's other
     blocks (M-A9; catalogue: population-registers-null-block).
