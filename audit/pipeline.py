@@ -24,36 +24,40 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from audit import (
-    alone,
-    cache,
-    catalogue,
-    changes,
-    coverage_map,
-    deep,
-    environment,
-    executor,
-    outputs,
-    results,
-    shards,
-    sources,
+from audit.baseline import coverage_map
+from audit.baseline.cache import BaselineCache, baseline_inputs
+from audit.baseline.coverage_map import HtmlInBackground
+from audit.baseline.run import cached_baseline, start_baseline
+from audit.core import cache, environment, outputs
+from audit.core.environment import Fingerprint
+from audit.core.errors import ConfigError, RunInterrupted
+from audit.core.files import write_json
+from audit.core.protocol import MutantStatus
+from audit.judging import alone, deep, executor
+from audit.judging.jobs import ExecutorOptions
+from audit.mutation import catalogue, changes
+from audit.mutation import scope as scopes
+from audit.mutation.catalogue import Entry
+from audit.mutation.equivalents import (
+    Equivalent,
+    apply_equivalents,
+    listed_records,
+    load_equivalents,
 )
-from audit import scope as scopes
-from audit.baseline import cached_baseline, start_baseline
-from audit.baseline_cache import BaselineCache, baseline_inputs
-from audit.catalogue import Entry
-from audit.config import Config, GateThresholds, SuitePath
-from audit.coverage_map import HtmlInBackground
-from audit.environment import Fingerprint
-from audit.equivalents import Equivalent, apply_equivalents, listed_records, load_equivalents
-from audit.errors import ConfigError, RunInterrupted
-from audit.files import write_json
-from audit.findings import Finding, load_findings
-from audit.gate import GateResult, check_region_names, evaluate
-from audit.generation import generate_cached
-from audit.jobs import ExecutorOptions
-from audit.merge import merged_results
-from audit.model import (
+from audit.mutation.generation import generate_cached
+from audit.mutation.mutants import MutantSet, build_mutants, function_hashes
+from audit.rendering.reports import Written, write_reports
+from audit.results import scores as results
+from audit.results import shards
+from audit.results.gate import GateResult, check_region_names, evaluate
+from audit.results.merge import merged_results
+from audit.results.report_model import AuditResults, load_results
+from audit.results.scores import Tally
+from audit.results.shards import Shard, ShardPlan
+from audit.setup import sources
+from audit.setup.config import Config, GateThresholds, SuitePath
+from audit.setup.findings import Finding, load_findings
+from audit.setup.model import (
     BaselineRun,
     CoverageMap,
     Mutant,
@@ -61,16 +65,10 @@ from audit.model import (
     RegionCoverage,
     Target,
 )
-from audit.mutants import MutantSet, build_mutants, function_hashes
-from audit.protocol import MutantStatus
-from audit.regions import Region, resolve_regions
-from audit.report_model import AuditResults, load_results
-from audit.reports import Written, write_reports
-from audit.results import Tally
-from audit.session import WarmSession
-from audit.shards import Shard, ShardPlan
-from audit.sources import TestSource
-from audit.suite import Suite, stage_suite
+from audit.setup.regions import Region, resolve_regions
+from audit.setup.session import WarmSession
+from audit.setup.sources import TestSource
+from audit.setup.suite import Suite, stage_suite
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,8 +117,8 @@ class CoverageStage:
 @dataclass(frozen=True, slots=True)
 class Looks:
     """The second looks a run adds to its verdicts: each fence mutant by the random
-    workloads alone (:mod:`audit.alone`), each survivor by a longer search of theirs
-    (:mod:`audit.deep`)."""
+    workloads alone (:mod:`audit.judging.alone`), each survivor by a longer search of theirs
+    (:mod:`audit.judging.deep`)."""
 
     random_alone: bool = False
     deep: bool = False
@@ -152,7 +150,7 @@ def prepare(
     writable and hold nothing fence-audit did not write (checked first, writing nothing).
     ``since``: a git ref of the ``vllm_src`` checkout; only the target's code changed
     since then is audited (pull-request mode). ``scope``: :data:`scopes.FILE` adds
-    the group of every function's code outside the regions (:mod:`audit.scope`)."""
+    the group of every function's code outside the regions (:mod:`audit.mutation.scope`)."""
     if writes_reports:
         outputs.check_reports_dir(config.reports_dir)
     # The project's own files first: a broken one costs no download.
@@ -317,7 +315,7 @@ def mutate(
     looks: Looks = Looks(),
 ) -> MutationStage:
     """Judge the mutants of every region (or of the regions named in ``only``); with
-    ``shard``, only those dealt to it (:mod:`audit.shards`), by the test durations
+    ``shard``, only those dealt to it (:mod:`audit.results.shards`), by the test durations
     ``costs`` (default: the baseline's); then the second ``looks`` asked for."""
     try:
         return _mutate(stage, options, only, engine, shard, costs, looks)
@@ -576,7 +574,7 @@ def _judge_with_mutmut(
     """``--engine mutmut``: mutmut's own runner judges its mutants; it cannot apply
     the catalogue's, which are errors."""
     stage.close()
-    from audit import mutmut_adapter  # libcst and mutmut: imported when used
+    from audit.mutation import mutmut_adapter  # libcst and mutmut: imported when used
 
     prepared = stage.prepared
     own = tuple(m for m in mutants if m.origin != "catalogue")
@@ -715,7 +713,7 @@ def unchanged(
 
 def merge(config: Config, paths: Sequence[Path], thresholds: GateThresholds) -> Path:
     """One run's ``audit.json`` in the reports folder, from its shards' results at
-    ``paths`` (:mod:`audit.merge`: each checked first; nothing is written if one is
+    ``paths`` (:mod:`audit.results.merge`: each checked first; nothing is written if one is
     refused, nor if ``thresholds`` name a region neither configured nor merged). Then
     :func:`report` and :func:`gate`, as after :func:`mutate`."""
     outputs.check_reports_dir(config.reports_dir)

@@ -67,8 +67,8 @@ def _seed(cache: Path) -> None:
     and nothing is fetched twice. Baselines and verdicts made by the tests' runs stay
     out of the user's cache, where they were never read again and misled a later
     audit's "why the baseline ran again"."""
-    from audit import cache as caches
-    from audit.config import default_cache_dir
+    from audit.core import cache as caches
+    from audit.setup.config import default_cache_dir
 
     caches.mark(cache)  # the tests' cache is fence-audit's: its runs may prune it
     user = default_cache_dir()
@@ -89,7 +89,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     (fence-audit's own prune): the cache does not grow with every session."""
     started = config.stash.get(_STARTED, None)
     if started is not None:
-        from audit import cache
+        from audit.core import cache
 
         cache.prune(TEST_CACHE, 0, now=started, kinds=SESSION_KINDS)
 

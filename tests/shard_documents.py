@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from audit.scope import APART, OUTSIDE_REGIONS
+from audit.mutation.scope import APART, OUTSIDE_REGIONS
 
 DATA = Path(__file__).parent / "unit" / "data" / "results.json"
 COSTS = "c0" * 32  # the digest of the durations every shard dealt by

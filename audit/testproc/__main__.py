@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from audit.protocol import BaselineSpec, MutationSpec, PlainRunSpec, read_spec
+from audit.core.protocol import BaselineSpec, MutationSpec, PlainRunSpec, read_spec
 from audit.testproc import baseline, heap, isolation, loop, signatures
 
 

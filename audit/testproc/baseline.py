@@ -23,7 +23,7 @@ from pathlib import Path
 import coverage
 import pytest
 
-from audit.protocol import (
+from audit.core.protocol import (
     BaselineDone,
     BaselineSpec,
     MutationSpec,

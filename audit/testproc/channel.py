@@ -8,7 +8,7 @@ import sys
 import threading
 from pathlib import Path
 
-from audit.protocol import EXIT, Command, Event, event_line, from_json
+from audit.core.protocol import EXIT, Command, Event, event_line, from_json
 
 
 def emit(event: Event) -> None:

@@ -12,12 +12,12 @@ import sys
 import types
 from typing import Any
 
-from audit.protocol import Frame, LineEdit, apply_edits
+from audit.core.protocol import Frame, LineEdit, apply_edits
 
 
 def find_code(code: types.CodeType, qualname: str) -> types.CodeType:
     """The code object of function ``qualname`` inside a compiled module (the
-    compiled counterpart of :func:`audit.regions.find_function`); LookupError if absent."""
+    compiled counterpart of :func:`audit.setup.regions.find_function`); LookupError if absent."""
     stack = [code]
     while stack:
         current = stack.pop()

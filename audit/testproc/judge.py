@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from _pytest.runner import runtestprotocol
 
-from audit.protocol import (
+from audit.core.protocol import (
     EXAMPLE,
     Job,
     MutantStatus,

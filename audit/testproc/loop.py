@@ -15,7 +15,7 @@ import time
 import pytest
 from _pytest.runner import runtestprotocol
 
-from audit.protocol import (
+from audit.core.protocol import (
     Done,
     ForcedFailChecked,
     MissingTests,

@@ -4,7 +4,7 @@ From a ``ModelConfig`` whose config ties its word embeddings (``facebook/opt-125
 which vLLM's test utilities build), vLLM asks the hub for the checkpoint's safetensors
 metadata (``huggingface_hub.HfApi.get_safetensors_metadata``), to learn whether it
 ships an ``lm_head`` of its own. In the hermetic test process the hub is offline
-(:mod:`audit.hermetic`): huggingface_hub refuses, vLLM takes the refusal for a
+(:mod:`audit.core.hermetic`): huggingface_hub refuses, vLLM takes the refusal for a
 transient failure, waits 2 s and asks again (``with_retry``, once per process and
 model: the answer is cached), then falls back to the local cache, where the private
 HF home holds the model's config.json and no weights, and goes on without an answer.

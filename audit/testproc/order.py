@@ -2,7 +2,7 @@
 
 A test that killed one mutant of a function often kills the function's other mutants,
 above all those on the same line. So the mutants of a function form a chain in a
-fixed order (:class:`audit.protocol.Chain`), and a job of the chain runs first the
+fixed order (:class:`audit.core.protocol.Chain`), and a job of the chain runs first the
 tests that killed the members before it: those that killed a member on one of its
 lines, then those that killed any member, each group by how many they killed. A
 survivor still runs every covering test; a killed mutant mostly runs one.
@@ -26,7 +26,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterable
 
-from audit.protocol import Chain, Job, Member, MutantStatus, Verdict, is_project_test
+from audit.core.protocol import Chain, Job, Member, MutantStatus, Verdict, is_project_test
 
 
 def guided(

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from audit.protocol import (
+from audit.core.protocol import (
     Chain,
     Job,
     Judged,

@@ -1,5 +1,5 @@
 """The baseline recorder: a pytest plugin that gives each test its coverage context and
-records each test's outcome (:class:`audit.protocol.Outcomes`)."""
+records each test's outcome (:class:`audit.core.protocol.Outcomes`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import coverage
 import pytest
 
-from audit.protocol import Outcomes, TestOutcome, TestResult
+from audit.core.protocol import Outcomes, TestOutcome, TestResult
 
 FAILURE_LINES = 30  # of a red test's report, its last ones (where the error is)
 

@@ -21,10 +21,10 @@ import shutil
 import sys
 from pathlib import Path
 
-from audit.config import Config, load_config
-from audit.errors import AuditError, ConfigError, ExitCode
-from audit.files import write_json, write_text
-from audit.findings import load_findings
+from audit.core.errors import AuditError, ConfigError, ExitCode
+from audit.core.files import write_json, write_text
+from audit.setup.config import Config, load_config
+from audit.setup.findings import load_findings
 from audit.upstream.checks import Options, run_checks
 from audit.upstream.page import document, html_page, markdown
 from audit.upstream.runs import run_tests

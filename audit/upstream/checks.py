@@ -2,7 +2,7 @@
 
 1. Every patch applies to the release alone, and the series applies in order, a
    fix's rebased patch in place of its own where it has one (else
-   :class:`~audit.errors.PatchDoesNotApply`, before any test runs).
+   :class:`~audit.core.errors.PatchDoesNotApply`, before any test runs).
 2. Each finding's vLLM-idiom test fails on the release as it is, with an assertion
    (not an error); vLLM's offloading folder with the gap tests passes there, each
    file timed (the cost of running it in vLLM's CPU job).
@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from audit.config import VLLM_VERSION_ENV
-from audit.environment import installed_vllm, module_relpath, verify_untouched
-from audit.findings import FIXED_ENV, Finding
-from audit.protocol import PROJECT_PREFIX
+from audit.core.environment import installed_vllm, module_relpath, verify_untouched
+from audit.core.protocol import PROJECT_PREFIX
+from audit.setup.config import VLLM_VERSION_ENV
+from audit.setup.findings import FIXED_ENV, Finding
 from audit.upstream.idiom import problems, ruff_problems
 from audit.upstream.runs import (
     ERROR,

@@ -11,9 +11,9 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from audit.findings import Finding
-from audit.html_report import CSS
-from audit.text import visible
+from audit.core.text import visible
+from audit.rendering.html_report import CSS
+from audit.setup.findings import Finding
 from audit.upstream.checks import REGIONS, Outcome, Score
 from audit.upstream.series import Series
 

@@ -4,7 +4,7 @@ back per test.
 One pytest process per run, in the tree, under vLLM's own pytest configuration (its
 ``pyproject.toml`` from the release's sdist: its markers, so ``-m cpu_test`` selects
 as vLLM's CPU job does) and the hermetic environment every test process of the audit
-gets (:mod:`audit.hermetic`). The tree is first on ``sys.path``, so ``import vllm``
+gets (:mod:`audit.core.hermetic`). The tree is first on ``sys.path``, so ``import vllm``
 finds the tree's patched ``vllm/`` when it has one and the installed package when it
 has none. Outcomes come from pytest's JUnit XML: per test id, passed, failed (with
 the first line of what failed), skipped or error.
@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from audit.hermetic import child_environment, prepare_hf_home
-from audit.session import TEST_PROCESS_PLUGINS
+from audit.core.hermetic import child_environment, prepare_hf_home
+from audit.setup.session import TEST_PROCESS_PLUGINS
 
 PASSED, FAILED, SKIPPED, ERROR = "passed", "failed", "skipped", "error"
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from audit.config import _check_keys, _expect, _string, _strings, release_version
-from audit.errors import ConfigError
-from audit.inputs import read_toml
+from audit.core.errors import ConfigError
+from audit.core.inputs import known_keys, read_toml
+from audit.setup.config import _expect, _string, _strings, release_version
 
 SERIES_FILE = "series.toml"
 _TOP = {"release", "fix", "gaps"}
@@ -82,13 +82,13 @@ def load_series(root: Path, known_findings: set[str] | None = None) -> Series:
     path = root / SERIES_FILE
     source = str(path)
     table = read_toml(path, "the upstream series")
-    _check_keys(table, _TOP, "the upstream series", source)
+    known_keys(table, _TOP, "the upstream series", config=source)
     release = release_version(_string(table, "release", source), f"release ({source})")
     fixes = []
     for index, entry in enumerate(_expect(table.get("fix", []), list, "[[fix]]", source)):
         where = f"fix[{index}]"
         _expect(entry, dict, where, source)
-        _check_keys(entry, _FIX, where, source)
+        known_keys(entry, _FIX, where, config=source)
         fix = Fix(
             finding=_string(entry, "finding", source, where),
             test=_string(entry, "test", source, where),
@@ -106,7 +106,7 @@ def load_series(root: Path, known_findings: set[str] | None = None) -> Series:
             details={"file": source, "next": "keep one [[fix]] per finding"},
         )
     gaps: dict[str, Any] = _expect(table.get("gaps", {}), dict, "[gaps]", source)
-    _check_keys(gaps, _GAPS, "[gaps]", source)
+    known_keys(gaps, _GAPS, "[gaps]", config=source)
     gap_tests = _strings(gaps, "tests", source, "gaps")
     for name in gap_tests:
         _exists(root / "tests" / name, "gaps.tests", source)

@@ -24,7 +24,7 @@ import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 
-from audit.errors import ConfigError, PatchDoesNotApply
+from audit.core.errors import ConfigError, PatchDoesNotApply
 
 # where vLLM keeps the offloading connector's unit tests; the drop-in files go here
 TEST_FOLDER = "tests/v1/kv_connector/unit/offloading_connector"

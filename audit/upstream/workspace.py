@@ -7,10 +7,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from audit.config import Config
-from audit.environment import installed_vllm
-from audit.files import write_text
-from audit.sources import sdist_file, sdist_tests
+from audit.core.environment import installed_vllm
+from audit.core.files import write_text
+from audit.setup.config import Config
+from audit.setup.sources import sdist_file, sdist_tests
 from audit.upstream.trees import build_tree
 
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from audit import environment
 from audit.cli import main
-from audit.environment import InstalledVllm
-from audit.errors import ExitCode, TargetModified
+from audit.core import environment
+from audit.core.environment import InstalledVllm
+from audit.core.errors import ExitCode, TargetModified
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"

@@ -20,11 +20,12 @@ from pathlib import Path
 import pytest
 from fake_index import FakeIndex, make_sdist
 
-from audit import cache, environment, shards
 from audit.cli import main
-from audit.config import default_table, load_config
-from audit.errors import ConfigError, ExitCode
-from audit.model import COVERAGE_MAP_FORMAT
+from audit.core import cache, environment
+from audit.core.errors import ConfigError, ExitCode
+from audit.results import shards
+from audit.setup.config import default_table, load_config
+from audit.setup.model import COVERAGE_MAP_FORMAT
 
 # The built-in default release, the installed vLLM, which the fake index serves for the
 # sources cases.

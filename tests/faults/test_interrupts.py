@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from fence_helpers import VLLM_VERSION, fence_audit, private_cache
 
-from audit import environment
+from audit.core import environment
 
 pytestmark = pytest.mark.vllm
 

@@ -19,17 +19,17 @@ from pathlib import Path
 import coverage
 import pytest
 
+from audit.baseline.coverage_map import write_html
 from audit.cli import main
-from audit.config import load_config
-from audit.coverage_map import write_html
-from audit.environment import sha256_file
-from audit.errors import ConfigError, ExitCode
-from audit.model import BaselineRun, Target
-from audit.outputs import LOCK, MANIFEST
-from audit.report_model import load_results
-from audit.reports import write_reports
-from audit.sources import TestSource
-from audit.suite import stage_suite
+from audit.core.environment import sha256_file
+from audit.core.errors import ConfigError, ExitCode
+from audit.core.outputs import LOCK, MANIFEST
+from audit.rendering.reports import write_reports
+from audit.results.report_model import load_results
+from audit.setup.config import load_config
+from audit.setup.model import BaselineRun, Target
+from audit.setup.sources import TestSource
+from audit.setup.suite import stage_suite
 
 RESULTS = Path(__file__).parents[1] / "unit" / "data" / "results.json"
 

@@ -17,17 +17,17 @@ from typing import Any
 
 import pytest
 
-from audit import model
+from audit.baseline.coverage_map import write_coverage_map, write_regions
 from audit.cli import main
-from audit.coverage_map import write_coverage_map, write_regions
-from audit.equivalents import Equivalent, apply_equivalents
-from audit.errors import ExitCode
-from audit.markdown_report import render_summary
-from audit.mutants import OutOfRegion
-from audit.protocol import MutantStatus
-from audit.regions import Region, Span
-from audit.report_model import EquivalentRecord, load_results
-from audit.results import write_audit
+from audit.core.errors import ExitCode
+from audit.core.protocol import MutantStatus
+from audit.mutation.equivalents import Equivalent, apply_equivalents
+from audit.mutation.mutants import OutOfRegion
+from audit.rendering.markdown_report import render_summary
+from audit.results.report_model import EquivalentRecord, load_results
+from audit.results.scores import write_audit
+from audit.setup import model
+from audit.setup.regions import Region, Span
 
 DATA = Path(__file__).parents[1] / "unit" / "data" / "results.json"
 VLLM_TEST = "tests/test_fence.py::test_register[a<b]"

@@ -19,9 +19,9 @@ import pytest
 from shard_documents import ABSENT, COSTS, THREE, retally, run_ids, save, split, whole_run
 
 from audit.cli import main
-from audit.errors import ConfigError, ExitCode
-from audit.merge import merged_document, read_part
-from audit.outputs import MANIFEST, MANIFEST_FORMAT
+from audit.core.errors import ConfigError, ExitCode
+from audit.core.outputs import MANIFEST, MANIFEST_FORMAT
+from audit.results.merge import merged_document, read_part
 
 Shards = list[dict[str, Any]]
 

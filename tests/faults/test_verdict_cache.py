@@ -10,10 +10,10 @@ import pytest
 from fence_helpers import fence_audit
 from test_toy_mutation import Toy, toy  # noqa: F401  (the fixture)
 
-from audit.catalogue import build_catalogue_mutants, load_catalogue
-from audit.config import RegionSpec, Selection
-from audit.protocol import MutantStatus
-from audit.regions import resolve_regions
+from audit.core.protocol import MutantStatus
+from audit.mutation.catalogue import build_catalogue_mutants, load_catalogue
+from audit.setup.config import RegionSpec, Selection
+from audit.setup.regions import resolve_regions
 
 INTERRUPTING_TEST = """\
 import os

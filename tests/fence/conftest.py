@@ -17,7 +17,7 @@ import pytest
 from audit.testproc import offline_hub, stand_in
 
 if os.environ.get("HF_HUB_OFFLINE") != "1":
-    from audit.hermetic import child_environment, prepare_hf_home
+    from audit.core.hermetic import child_environment, prepare_hf_home
 
     _cache = Path(__file__).resolve().parents[2] / ".pytest_cache" / "fence-audit"
     os.environ.update(

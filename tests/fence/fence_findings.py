@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from audit.findings import fixed_findings
+from audit.setup.findings import fixed_findings
 
 REGISTRY = Path(__file__).resolve().parents[2] / "docs" / "findings.toml"
 FINDINGS: dict[str, dict[str, Any]] = {

@@ -4,13 +4,13 @@
 
     python tests/fence/fence_hunt.py [--seconds N] [--seed S] [--reports DIR] ...
 
-It writes ``REPORTS/hunt.md`` (``audit/hunt.py`` renders it) and exits 0 when the
+It writes ``REPORTS/hunt.md`` (``audit/devtools/hunt.py`` renders it) and exits 0 when the
 machine raised nothing in the time box, 14 when it raised (a new vLLM bug or a harness
 fault: hunt.md holds the shrunk program), 1 on a usage error, 7 when the installed
 vLLM is not the configured version, 130 when interrupted.
 
 The time box. Hypothesis has no wall-clock limit, so the hunt runs the machine in
-rounds: each round is one whole Hypothesis run per machine (``audit.hunt.MACHINES``,
+rounds: each round is one whole Hypothesis run per machine (``audit.devtools.hunt.MACHINES``,
 in order) of ``round_examples`` programs under the ``long`` profile's settings (60
 steps each, no deadline) with its own seed, the first round's seed plus the round's
 index; a round starts only while the time box
@@ -44,10 +44,9 @@ if __name__ == "__main__":  # run as a script: this folder and the project impor
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     sys.path.insert(1, str(Path(__file__).resolve().parents[2]))
 
-from audit import environment, outputs
-from audit.config import Config
-from audit.errors import AuditError
-from audit.hunt import (
+from audit.core import environment, outputs
+from audit.core.errors import AuditError
+from audit.devtools.hunt import (
     MACHINES,
     Finding,
     HuntOptions,
@@ -60,6 +59,7 @@ from audit.hunt import (
     summary_line,
     write_report,
 )
+from audit.setup.config import Config
 
 FRAMES = 8  # innermost frames of a finding's traceback shown in hunt.md
 
@@ -238,7 +238,7 @@ def _finding(error: BaseException, round_index: int, round_seed: int, machine: s
 
 
 def _hermetic(config: Config) -> None:
-    """What the audit's test process gets (audit/hermetic.py), before vLLM is imported:
+    """What the audit's test process gets (audit/core/hermetic.py), before vLLM is imported:
     an offline, private Hugging Face home, the CPU platform, no network. A pytest that
     runs the fence suite has it already (tests/fence/conftest.py). Either way, the
     platform stand-in (audit/testproc/stand_in.py: vLLM 0.34.0's Triton check) and the
@@ -249,7 +249,7 @@ def _hermetic(config: Config) -> None:
     offline_hub.install()
     if os.environ.get("HF_HUB_OFFLINE") == "1":
         return
-    from audit.hermetic import child_environment, prepare_hf_home
+    from audit.core.hermetic import child_environment, prepare_hf_home
     from audit.testproc.isolation import block_network
 
     hf_home = prepare_hf_home(config.cache_dir, config.offline_models)

@@ -275,7 +275,8 @@ def test_a_chunk_whose_last_block_was_handed_on_is_not_stored_at_abort() -> None
     for _ in range(4):
         e.step()
     chunk = e.connector._req_status["r0"].group_states[0].block_ids[4:6]
-    assert chunk[0] != 0 and chunk[1] == 0, f"r0's chunk 2 is {chunk}, not [id, null]"
+    assert chunk[0] != 0, f"r0's chunk 2 is {chunk}, not [id, null]"
+    assert chunk[1] == 0, f"r0's chunk 2 is {chunk}, not [id, null]"
     e.abort("r0")
     e.run()
     e.drain()

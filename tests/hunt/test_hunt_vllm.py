@@ -15,7 +15,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import (
     OffloadingConnectorScheduler,
 )
 
-from audit.errors import ExitCode
+from audit.core.errors import ExitCode
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 

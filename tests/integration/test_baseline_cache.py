@@ -9,16 +9,17 @@ from pathlib import Path
 
 from test_toy_mutation import FAST, REGIONS, Toy, toy  # noqa: F401  (the fixture)
 
-from audit import coverage_map, executor
-from audit.baseline import cached_baseline, start_baseline
-from audit.baseline_cache import BaselineCache, baseline_inputs
-from audit.config import SuitePath
-from audit.environment import sha256_file
-from audit.model import Target
-from audit.mutants import build_mutants
-from audit.regions import resolve_regions
-from audit.sources import TestSource
-from audit.suite import Suite, stage_suite
+from audit.baseline import coverage_map
+from audit.baseline.cache import BaselineCache, baseline_inputs
+from audit.baseline.run import cached_baseline, start_baseline
+from audit.core.environment import sha256_file
+from audit.judging import executor
+from audit.mutation.mutants import build_mutants
+from audit.setup.config import SuitePath
+from audit.setup.model import Target
+from audit.setup.regions import resolve_regions
+from audit.setup.sources import TestSource
+from audit.setup.suite import Suite, stage_suite
 
 
 def staged(toy: Toy) -> tuple[Suite, Target]:  # noqa: F811

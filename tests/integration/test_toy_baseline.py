@@ -16,15 +16,15 @@ from pathlib import Path
 import coverage
 import pytest
 
-from audit import coverage_map
-from audit.baseline import run_baseline
-from audit.config import RegionSpec, Selection, StatementSelector, SuitePath, load_config
-from audit.environment import sha256_file
-from audit.errors import BaselineFailed, ExitCode, NoTestsSelected
-from audit.model import Target
-from audit.regions import resolve_regions
-from audit.sources import TestSource
-from audit.suite import stage_suite
+from audit.baseline import coverage_map
+from audit.baseline.run import run_baseline
+from audit.core.environment import sha256_file
+from audit.core.errors import BaselineFailed, ExitCode, NoTestsSelected
+from audit.setup.config import RegionSpec, Selection, StatementSelector, SuitePath, load_config
+from audit.setup.model import Target
+from audit.setup.regions import resolve_regions
+from audit.setup.sources import TestSource
+from audit.setup.suite import stage_suite
 
 TOY = Path(__file__).parent / "toy"
 REGIONS = (

@@ -11,9 +11,10 @@ from pathlib import Path
 
 from test_toy_shards import SUITE, toy  # noqa: F401  (the fixture)
 
-from audit import cache, pipeline
-from audit.jobs import ExecutorOptions
-from audit.protocol import MutantStatus
+from audit import pipeline
+from audit.core import cache
+from audit.core.protocol import MutantStatus
+from audit.judging.jobs import ExecutorOptions
 
 OPTIONS = ExecutorOptions(jobs=2, timeout_min_s=1.0, timeout_factor=10.0)
 

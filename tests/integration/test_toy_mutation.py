@@ -13,9 +13,16 @@ from pathlib import Path
 import pytest
 from kernel import kernel_collapses
 
-from audit import alone, baseline, coverage_map, deep, executor
-from audit.baseline import start_baseline
-from audit.config import (
+from audit.baseline import coverage_map
+from audit.baseline import run as baseline
+from audit.baseline.run import start_baseline
+from audit.core.environment import sha256_file
+from audit.core.errors import ExitCode, ForcedFailCheckFailed
+from audit.core.protocol import MutantStatus, Warmed, apply_edits, parse_event
+from audit.judging import alone, deep, executor
+from audit.judging.jobs import ExecutorOptions
+from audit.mutation.mutants import build_mutants
+from audit.setup.config import (
     Config,
     DeepLook,
     RegionSpec,
@@ -24,15 +31,10 @@ from audit.config import (
     SuitePath,
     load_config,
 )
-from audit.environment import sha256_file
-from audit.errors import ExitCode, ForcedFailCheckFailed
-from audit.jobs import ExecutorOptions
-from audit.model import Target
-from audit.mutants import build_mutants
-from audit.protocol import MutantStatus, Warmed, apply_edits, parse_event
-from audit.regions import resolve_regions
-from audit.sources import TestSource
-from audit.suite import stage_suite
+from audit.setup.model import Target
+from audit.setup.regions import resolve_regions
+from audit.setup.sources import TestSource
+from audit.setup.suite import stage_suite
 
 TOY = Path(__file__).parent / "toy"
 REGIONS = (

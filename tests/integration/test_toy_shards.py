@@ -20,18 +20,20 @@ from typing import Any
 import pytest
 from test_toy_mutation import REGIONS, TOY
 
-from audit import environment, pipeline, scope
-from audit.catalogue import load_catalogue
+from audit import pipeline
 from audit.cli import main
-from audit.config import SuitePath, load_config
-from audit.environment import Fingerprint, InstalledVllm, sha256_file
-from audit.equivalents import Equivalent
-from audit.jobs import ExecutorOptions
-from audit.model import Target
-from audit.mutants import build_mutants, function_hashes
-from audit.regions import Region, resolve_regions
-from audit.shards import Shard, read_costs
-from audit.sources import TestSource
+from audit.core import environment
+from audit.core.environment import Fingerprint, InstalledVllm, sha256_file
+from audit.judging.jobs import ExecutorOptions
+from audit.mutation import scope
+from audit.mutation.catalogue import load_catalogue
+from audit.mutation.equivalents import Equivalent
+from audit.mutation.mutants import build_mutants, function_hashes
+from audit.results.shards import Shard, read_costs
+from audit.setup.config import SuitePath, load_config
+from audit.setup.model import Target
+from audit.setup.regions import Region, resolve_regions
+from audit.setup.sources import TestSource
 
 # No verdict is read from the cache: every run, and every shard, judges its mutants.
 OPTIONS = ExecutorOptions(jobs=2, timeout_min_s=1.0, timeout_factor=10.0, use_cache=False)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from audit.report_model import AuditResults, load_results
+from audit.results.report_model import AuditResults, load_results
 
 RESULTS = Path(__file__).parent / "data" / "results.json"
 

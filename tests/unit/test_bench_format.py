@@ -1,4 +1,4 @@
-"""The benchmark's account of disagreements with mutmut (audit/bench.py): each named,
+"""The benchmark's account of disagreements with mutmut (audit/devtools/bench.py): each named,
 those after hung tests said so, and mutmut's own confirmation reported only when
 mutmut gave it, and ours' replay of each in mutmut's order."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from audit.bench import Bench, format_bench, write_bench
+from audit.devtools.bench import Bench, format_bench, write_bench
 
 AGREED = Bench(
     mutants=3,

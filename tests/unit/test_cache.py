@@ -10,14 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from audit import cache, generation
-from audit.baseline_cache import BaselineCache, key_of
+from audit.baseline.cache import BaselineCache, key_of
 from audit.cli import main
-from audit.errors import ConfigError
-from audit.inputs import check_cache_dir
-from audit.protocol import MutantStatus, Verdict, save_verdict
-from audit.sources import MARKER, sdist_module, sdist_tests
-from audit.verdict_cache import TestHasher, VerdictCache
+from audit.core import cache
+from audit.core.errors import ConfigError
+from audit.core.inputs import check_cache_dir
+from audit.core.protocol import MutantStatus, Verdict, save_verdict
+from audit.judging.verdict_cache import TestHasher, VerdictCache
+from audit.mutation import generation
+from audit.setup.sources import MARKER, sdist_module, sdist_tests
 
 NOW = 1_800_000_000.0
 KEY = "0123456789abcdef" * 2

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from audit.catalogue import (
+from audit.core.errors import ConfigError
+from audit.core.protocol import MutantStatus, apply_edits
+from audit.mutation.catalogue import (
     Applied,
     Carried,
     Entry,
@@ -18,10 +20,8 @@ from audit.catalogue import (
     load_catalogue,
     load_entry,
 )
-from audit.errors import ConfigError
-from audit.model import MutantResult
-from audit.protocol import MutantStatus, apply_edits
-from audit.results import expectation_verdict
+from audit.results.scores import expectation_verdict
+from audit.setup.model import MutantResult
 
 SOURCE = textwrap.dedent(
     """\

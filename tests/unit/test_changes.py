@@ -15,20 +15,20 @@ from pathlib import Path
 
 import pytest
 
-from audit import changes
-from audit.catalogue import CatalogueMutants, Entry, Stale
-from audit.changes import OUTSIDE, ChangedCode, changed_since, parse_hunks
 from audit.cli import main
-from audit.config import GateThresholds, RegionSpec, Selection, StatementSelector
-from audit.errors import ConfigError, ExitCode
-from audit.gate import evaluate
-from audit.markdown_report import render_summary
-from audit.model import CoverageMap, Mutant, MutantResult, Target
-from audit.mutants import build_mutants
-from audit.protocol import MutantStatus
-from audit.regions import resolve_regions
-from audit.report_model import load_results
-from audit.results import write_audit
+from audit.core.errors import ConfigError, ExitCode
+from audit.core.protocol import MutantStatus
+from audit.mutation import changes
+from audit.mutation.catalogue import CatalogueMutants, Entry, Stale
+from audit.mutation.changes import OUTSIDE, ChangedCode, changed_since, parse_hunks
+from audit.mutation.mutants import build_mutants
+from audit.rendering.markdown_report import render_summary
+from audit.results.gate import evaluate
+from audit.results.report_model import load_results
+from audit.results.scores import write_audit
+from audit.setup.config import GateThresholds, RegionSpec, Selection, StatementSelector
+from audit.setup.model import CoverageMap, Mutant, MutantResult, Target
+from audit.setup.regions import resolve_regions
 
 PATH = "pkg/fence.py"
 SOURCE = textwrap.dedent(
@@ -428,7 +428,7 @@ def test_since_without_a_checkout_is_refused_before_anything_runs(
     def started(*args: object, **kwargs: object) -> None:
         raise AssertionError("the run started")
 
-    monkeypatch.setattr("audit.environment.installed_vllm", started)
+    monkeypatch.setattr("audit.core.environment.installed_vllm", started)
     assert main(["mutate", "--since", "HEAD~1"]) == ExitCode.USAGE
     assert capsys.readouterr().err == (
         "fence-audit: --since HEAD~1 needs --vllm-src: the changes are read from a git checkout"

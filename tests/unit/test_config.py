@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from audit.config import load_config, parse_suite_path, release_version
-from audit.errors import ConfigError, ExitCode
+from audit.core.errors import ConfigError, ExitCode
+from audit.setup.config import load_config, parse_suite_path, release_version
 
 
 def write_pyproject(tmp_path: Path, body: str) -> Path:
@@ -194,9 +194,9 @@ def test_an_empty_cache_variable_counts_as_unset(
 
 
 def test_plugins_are_staged_loaded_by_name_and_must_be_python_files(tmp_path: Path) -> None:
-    from audit.session import pytest_args
-    from audit.sources import TestSource
-    from audit.suite import stage_suite
+    from audit.setup.session import pytest_args
+    from audit.setup.sources import TestSource
+    from audit.setup.suite import stage_suite
 
     project = tmp_path / "project"
     (project / "tests" / "fence").mkdir(parents=True)
@@ -258,9 +258,18 @@ def test_the_environment_s_version_is_checked_and_named(
     ("body", "says"),
     [
         ("vllm-version = 0.33", "vllm-version must be a string, not a number: 0.33"),
-        ("[tool.fence-audit.suite]\npaths = 'vllm:tests'", "suite.paths must be a list, not a"),
-        ("[tool.fence-audit.suite]\npaths = ['a', 3]", "each of suite.paths must be a string"),
-        ("[tool.fence-audit.suite]\nrandom-profile = 1", "suite.random-profile must be a string"),
+        (
+            "[tool.fence-audit.suite]\npaths = 'vllm:tests'",
+            "suite.paths must be a list, not a",
+        ),
+        (
+            "[tool.fence-audit.suite]\npaths = ['a', 3]",
+            "each of suite.paths must be a string",
+        ),
+        (
+            "[tool.fence-audit.suite]\nrandom-profile = 1",
+            "suite.random-profile must be a string",
+        ),
     ],
 )
 def test_a_value_of_the_wrong_kind_names_its_key_and_how_to_write_it(

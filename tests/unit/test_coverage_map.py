@@ -8,11 +8,11 @@ from pathlib import Path
 
 import coverage
 
-from audit import coverage_map
-from audit.config import RegionSpec, Selection, StatementSelector
-from audit.model import BaselineRun, Target
-from audit.protocol import TestOutcome, TestResult
-from audit.regions import resolve_regions
+from audit.baseline import coverage_map
+from audit.core.protocol import TestOutcome, TestResult
+from audit.setup.config import RegionSpec, Selection, StatementSelector
+from audit.setup.model import BaselineRun, Target
+from audit.setup.regions import resolve_regions
 
 SOURCE = textwrap.dedent(
     """\

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from audit.cli import judged_counts
-from audit.equivalents import Equivalent, Site, apply_equivalents, load_equivalents
-from audit.errors import ConfigError
-from audit.model import Mutant, MutantResult
-from audit.protocol import MutantStatus
+from audit.core.errors import ConfigError
+from audit.core.protocol import MutantStatus
+from audit.mutation.equivalents import Equivalent, Site, apply_equivalents, load_equivalents
+from audit.setup.model import Mutant, MutantResult
 
 
 def mutant(identifier: str, function: str = "F.f") -> Mutant:

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from audit import errors
 from audit.cli import main
-from audit.config import load_config
-from audit.equivalents import load_equivalents
-from audit.errors import AuditError, ConfigError, ExitCode
-from audit.findings import load_findings
+from audit.core import errors
+from audit.core.errors import AuditError, ConfigError, ExitCode
+from audit.mutation.equivalents import load_equivalents
 from audit.pipeline import load_entries
+from audit.setup.config import load_config
+from audit.setup.findings import load_findings
 
 ROOT = Path(__file__).parents[2]
 RESULTS = Path(__file__).parent / "data" / "results.json"
@@ -234,7 +234,7 @@ WITHOUT_NEXT: set[tuple[str, str]] = set()  # (file, function) exempt: none
 
 
 def _error_classes(trees: dict[str, ast.Module]) -> set[str]:
-    """The names of AuditError and its subclasses, in audit/errors.py and anywhere else."""
+    """The names of AuditError and its subclasses, in audit/core/errors.py and anywhere else."""
     names = {
         name
         for name, value in vars(errors).items()

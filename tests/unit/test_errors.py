@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from audit.errors import BaselineFailed, ConfigError
+from audit.core.errors import BaselineFailed, ConfigError
 
 
 def test_an_error_is_one_line_what_where_then_next() -> None:

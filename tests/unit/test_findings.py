@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from audit.errors import ConfigError
-from audit.findings import Finding, load_findings, sort_red
+from audit.core.errors import ConfigError
+from audit.setup.findings import Finding, load_findings, sort_red
 
 BUG = Finding(
     id="bug",

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from audit.cli import main
-from audit.config import GateThresholds, load_config
-from audit.errors import ConfigError, ExitCode
-from audit.gate import evaluate
-from audit.report_model import load_results
+from audit.core.errors import ConfigError, ExitCode
+from audit.results.gate import evaluate
+from audit.results.report_model import load_results
+from audit.setup.config import GateThresholds, load_config
 
 DATA = Path(__file__).parent / "data" / "results.json"
 

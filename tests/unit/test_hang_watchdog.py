@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from audit.jobs import ExecutorOptions
-from audit.protocol import Job, MutantStatus, Verdict, hang_allowance
+from audit.core.protocol import Job, MutantStatus, Verdict, hang_allowance
+from audit.judging.jobs import ExecutorOptions
 from audit.testproc import judge
 from audit.testproc.judge import TICK_S, TestHung, _Alarm, time_budget
 

@@ -1,4 +1,5 @@
-"""The hunt's vLLM-free part (audit/hunt.py): options, Hypothesis' notes, hunt.md, exit codes.
+"""The hunt's vLLM-free part (audit/devtools/hunt.py): options, Hypothesis' notes,
+hunt.md, exit codes.
 The hunt itself, on the real scheduler, is tests/hunt/test_hunt_vllm.py."""
 
 from __future__ import annotations
@@ -8,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from audit import outputs
-from audit.errors import ConfigError, ExitCode
-from audit.hunt import (
+from audit.core import outputs
+from audit.core.errors import ConfigError, ExitCode
+from audit.devtools.hunt import (
     DEFAULT_SECONDS,
     HASH_SEED_ENV,
     HASH_SEEDS,

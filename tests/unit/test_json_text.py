@@ -1,4 +1,5 @@
-"""The one JSON layout every file of the audit is written in (:func:`audit.files.json_text`)."""
+"""The one JSON layout every file of the audit is written in
+(:func:`audit.core.files.json_text`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from audit.files import json_text, write_json
+from audit.core.files import json_text, write_json
 
 scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
 documents = st.recursive(

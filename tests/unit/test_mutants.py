@@ -8,17 +8,17 @@ import types
 
 import pytest
 
-from audit import generation, mutmut_adapter
-from audit.config import RegionSpec, Selection, StatementSelector
-from audit.mutants import (
+from audit.core.protocol import LineEdit, apply_edits, edited_lines
+from audit.mutation import generation, mutmut_adapter
+from audit.mutation.mutants import (
     TestsOfLines,
     build_mutants,
     function_hashes,
     mutant_id,
     unified_diff,
 )
-from audit.protocol import LineEdit, apply_edits, edited_lines
-from audit.regions import resolve_regions
+from audit.setup.config import RegionSpec, Selection, StatementSelector
+from audit.setup.regions import resolve_regions
 from audit.testproc import codeswap
 
 SOURCE = textwrap.dedent(

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from audit import protocol
-from audit.protocol import (
+from audit.core import protocol
+from audit.core.protocol import (
     BaselineDone,
     BaselineSpec,
     Chain,
@@ -236,7 +236,7 @@ def _imports(path: Path) -> set[str]:
 
 def test_the_test_process_imports_nothing_of_fence_audit_but_the_protocol() -> None:
     package = Path(protocol.__file__).parent / "testproc"
-    allowed = ("pytest", "_pytest", "coverage", "audit.protocol", "audit.testproc")
+    allowed = ("pytest", "_pytest", "coverage", "audit.core.protocol", "audit.testproc")
     for module in sorted(package.glob("*.py")):
         for name in _imports(module):
             top = name.split(".")[0]

@@ -4,9 +4,9 @@ import textwrap
 
 import pytest
 
-from audit.config import RegionSpec, Selection, StatementSelector
-from audit.errors import ConfigError, ExitCode, RegionUnresolved
-from audit.regions import resolve_regions
+from audit.core.errors import ConfigError, ExitCode, RegionUnresolved
+from audit.setup.config import RegionSpec, Selection, StatementSelector
+from audit.setup.regions import resolve_regions
 
 SOURCE = textwrap.dedent(
     '''

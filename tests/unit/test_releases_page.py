@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from browser import Browser, find_chromium
 
-from audit.errors import ConfigError, ExitCode
-from audit.releases import collect, main, write_pages
+from audit.core.errors import ConfigError, ExitCode
+from audit.rendering.releases import collect, main, write_pages
 
 DATA = Path(__file__).parent / "data" / "results.json"
 
@@ -105,8 +105,8 @@ def test_each_release_says_how_it_stands_since_its_standing(releases: Path, tmp_
     """0.33.0 as recorded (unchanged), 0.10.0 with a mutant its standing records as
     killed now alive (worse, naming the test that killed it), a release with no
     standing (none)."""
-    from audit.report_model import load_results
-    from audit.standing import of_results, record
+    from audit.results.report_model import load_results
+    from audit.results.standing import of_results, record
 
     standings = tmp_path / "standings"
     for version in ("0.33.0", "0.10.0"):

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from browser import Browser, find_chromium
 
-from audit import outputs
-from audit.report_model import AuditResults
-from audit.reports import Written, write_reports
+from audit.core import outputs
+from audit.rendering.reports import Written, write_reports
+from audit.results.report_model import AuditResults
 
 pytestmark = pytest.mark.browser
 

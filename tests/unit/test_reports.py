@@ -19,14 +19,14 @@ import pytest
 
 from audit import __version__
 from audit.cli import main
-from audit.errors import ConfigError, ExitCode
-from audit.html_report import render_index, render_region
-from audit.junit_report import render_junit
-from audit.markdown_report import render_summary
-from audit.protocol import MutantStatus
-from audit.report_model import AuditResults, SecondJudgement, load_results
-from audit.reports import write_reports
-from audit.text import INVISIBLE
+from audit.core.errors import ConfigError, ExitCode
+from audit.core.protocol import MutantStatus
+from audit.core.text import INVISIBLE
+from audit.rendering.html_report import render_index, render_region
+from audit.rendering.junit_report import render_junit
+from audit.rendering.markdown_report import render_summary
+from audit.rendering.reports import write_reports
+from audit.results.report_model import AuditResults, SecondJudgement, load_results
 
 DATA = Path(__file__).parent / "data" / "results.json"
 GOLDEN = Path(__file__).parent / "golden"
@@ -231,12 +231,12 @@ def test_the_report_command_on_a_damaged_results_file_leaves_earlier_reports_unt
 def test_a_failing_renderer_writes_nothing(
     results_on_disk: AuditResults, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import audit.reports
+    import audit.rendering.reports
 
     def broken(*args: object) -> str:
         raise RuntimeError("renderer bug")
 
-    monkeypatch.setattr(audit.reports, "render_junit", broken)
+    monkeypatch.setattr(audit.rendering.reports, "render_junit", broken)
     with pytest.raises(RuntimeError):
         write_reports(results_on_disk, tmp_path / "out")
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*"))

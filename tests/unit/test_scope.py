@@ -9,20 +9,20 @@ from pathlib import Path
 import pytest
 from test_changes import PATH, REGIONS, SOURCE, line_of
 
-from audit import scope
 from audit.arguments import build_parser
 from audit.cli import check_file_scope
-from audit.config import GateThresholds, load_config
-from audit.errors import ConfigError, ExitCode
-from audit.gate import evaluate
-from audit.html_report import render_region
-from audit.markdown_report import render_summary
-from audit.model import CoverageMap, Mutant, MutantResult, Target
-from audit.mutants import build_mutants
-from audit.protocol import MutantStatus
-from audit.regions import resolve_regions
-from audit.report_model import load_results
-from audit.results import Tally, format_scores, write_audit
+from audit.core.errors import ConfigError, ExitCode
+from audit.core.protocol import MutantStatus
+from audit.mutation import scope
+from audit.mutation.mutants import build_mutants
+from audit.rendering.html_report import render_region
+from audit.rendering.markdown_report import render_summary
+from audit.results.gate import evaluate
+from audit.results.report_model import load_results
+from audit.results.scores import Tally, format_scores, write_audit
+from audit.setup.config import GateThresholds, load_config
+from audit.setup.model import CoverageMap, Mutant, MutantResult, Target
+from audit.setup.regions import resolve_regions
 
 OUTSIDE = scope.OUTSIDE_REGIONS
 

@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from audit import alone, deep
-from audit.config import SuitePath
-from audit.errors import ConfigError
-from audit.html_report import render_index, render_region
-from audit.markdown_report import render_summary
-from audit.model import Mutant, MutantResult
-from audit.protocol import MutantStatus
-from audit.report_model import load_results
+from audit.core.errors import ConfigError
+from audit.core.protocol import MutantStatus
+from audit.judging import alone, deep
+from audit.rendering.html_report import render_index, render_region
+from audit.rendering.markdown_report import render_summary
+from audit.results.report_model import load_results
+from audit.setup.config import SuitePath
+from audit.setup.model import Mutant, MutantResult
 
 DATA = Path(__file__).parent / "data" / "results.json"
 STATEFUL = "project/tests/fence/test_fence_stateful.py::test_random_workloads"

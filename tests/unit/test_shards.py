@@ -27,14 +27,14 @@ from shard_documents import (
     whole_run,
 )
 
-from audit import model
+from audit.baseline.coverage_map import write_coverage_map
 from audit.cli import main
-from audit.coverage_map import write_coverage_map
-from audit.errors import ConfigError, ExitCode
-from audit.model import Mutant
-from audit.report_model import load_results
-from audit.scope import OUTSIDE_REGIONS
-from audit.shards import Shard, cost, costs_digest, partition, read_costs
+from audit.core.errors import ConfigError, ExitCode
+from audit.mutation.scope import OUTSIDE_REGIONS
+from audit.results.report_model import load_results
+from audit.results.shards import Shard, cost, costs_digest, partition, read_costs
+from audit.setup import model
+from audit.setup.model import Mutant
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -114,8 +114,8 @@ def test_a_test_counts_once_for_a_mutant_and_a_test_without_a_duration_costs_not
 
 PARTITION = """
 import dataclasses, json, random, sys
-from audit.model import Mutant
-from audit.shards import partition
+from audit.setup.model import Mutant
+from audit.results.shards import partition
 chance = random.Random(7)
 durations = {f"t{n}": chance.uniform(0.0001, 3.0) for n in range(40)}
 mutants = [

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from fake_index import FakeIndex
 
-from audit.errors import ConfigError, ExitCode, SourceIntegrityError, SourceUnavailable
-from audit.sources import checkout_source, sdist_tests
+from audit.core.errors import ConfigError, ExitCode, SourceIntegrityError, SourceUnavailable
+from audit.setup.sources import checkout_source, sdist_tests
 
 VERSION = "9.9.9"
 

@@ -11,7 +11,7 @@ import pytest
 from test_gate import regions_table
 
 from audit.cli import main
-from audit.errors import ExitCode
+from audit.core.errors import ExitCode
 
 DATA = Path(__file__).parent / "data" / "results.json"
 VERSION = json.loads(DATA.read_text())["vllm_version"]

@@ -12,14 +12,19 @@ import jsonschema
 import pytest
 from stryker_schema import SCHEMA_PACKAGE, SCHEMA_PACKAGE_VERSION, published_schema
 
-from audit import environment, files, outputs
 from audit.cli import main
-from audit.config import default_cache_dir, load_config
-from audit.errors import ConfigError
-from audit.protocol import MutantStatus
-from audit.report_model import AuditResults, load_results
-from audit.reports import write_reports
-from audit.stryker import STATUSES, STRYKER_SCHEMA_VERSION, SourceNotHere, render_mutation_report
+from audit.core import environment, files, outputs
+from audit.core.errors import ConfigError
+from audit.core.protocol import MutantStatus
+from audit.rendering.reports import write_reports
+from audit.rendering.stryker import (
+    STATUSES,
+    STRYKER_SCHEMA_VERSION,
+    SourceNotHere,
+    render_mutation_report,
+)
+from audit.results.report_model import AuditResults, load_results
+from audit.setup.config import default_cache_dir, load_config
 
 SOURCE = """\
 def release(pending, ids):

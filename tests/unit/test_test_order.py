@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from audit.jobs import ExecutorOptions, build_job, initial_order, words
-from audit.model import Mutant
-from audit.mutmut_adapter import run_orders
-from audit.protocol import Chain, Job, Member, MutantStatus, Verdict
+from audit.core.protocol import Chain, Job, Member, MutantStatus, Verdict
+from audit.judging.jobs import ExecutorOptions, build_job, initial_order, words
+from audit.judging.verdict_cache import TestHasher, VerdictCache
+from audit.mutation.mutmut_adapter import run_orders
+from audit.setup.model import Mutant
 from audit.testproc.order import Schedule, guided
-from audit.verdict_cache import TestHasher, VerdictCache
 
 VLLM = tuple(f"tests/v1/t.py::t{i}" for i in range(4))
 OURS = ("project/fence/test_f.py::a", "project/fence/test_f.py::b")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from audit.errors import ConfigError, ExitCode, PatchDoesNotApply
-from audit.findings import Finding
+from audit.core.errors import ConfigError, ExitCode, PatchDoesNotApply
+from audit.setup.findings import Finding
 from audit.upstream.checks import Check, Outcome, Score
 from audit.upstream.idiom import problems
 from audit.upstream.page import document, html_page, markdown, score_rows
@@ -221,7 +221,7 @@ def test_a_test_in_vllm_s_idiom_has_no_problem(tmp_path: Path) -> None:
     [
         (("# SPDX-License-Identifier: Apache-2.0\n", ""), "SPDX"),
         (("pytestmark = pytest.mark.cpu_test\n", ""), "cpu_test"),
-        (("import pytest\n", "import pytest\nfrom audit.findings import Finding\n"), "audit"),
+        (("import pytest\n", "import pytest\nfrom audit.setup.findings import Finding\n"), "audit"),
         (("import pytest\n", "import pytest\nimport fence_harness\n"), "fence_harness"),
     ],
 )

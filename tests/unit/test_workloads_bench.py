@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from audit import workloads_bench
-from audit.errors import ConfigError, ExitCode
+from audit.core.errors import ConfigError, ExitCode
+from audit.devtools import workloads_bench
 
 
 def test_the_timed_tests_are_each_trees_own_random_workloads(project_root: Path) -> None:

@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from audit.config import load_config
+from audit.setup.config import load_config
 
 FENCE_TESTS = "vllm:tests/v1/kv_connector/unit/offloading_connector/test_scheduler.py"
 # The vLLM these tests run against: the release the project configures (pyproject.toml's

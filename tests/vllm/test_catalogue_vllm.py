@@ -7,7 +7,7 @@ from pathlib import Path
 
 from fence_helpers import fence_audit
 
-from audit.errors import ExitCode
+from audit.core.errors import ExitCode
 
 
 def test_every_catalogue_entry_applies_to_the_installed_vllm(project_root: Path) -> None:

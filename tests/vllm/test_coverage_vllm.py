@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from fence_helpers import FENCE_TESTS, VLLM_VERSION, Result, fence_audit
 
-from audit import environment
-from audit.config import load_config
+from audit.core import environment
+from audit.setup.config import load_config
 
 # Every fence-related test fence-brief section 10 names (all exist in vLLM 0.33.0 and 0.34.0).
 FENCE_REGRESSION_TESTS = (

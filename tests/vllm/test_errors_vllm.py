@@ -7,7 +7,7 @@ from pathlib import Path
 
 from fence_helpers import VLLM_VERSION, fence_audit
 
-from audit.errors import ExitCode
+from audit.core.errors import ExitCode
 
 
 def pyproject(tmp_path: Path, body: str) -> Path:

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from audit import catalogue, environment, mutmut_adapter
-from audit.config import load_config
-from audit.jobs import function_frame
-from audit.mutants import build_mutants
-from audit.protocol import apply_edits
-from audit.regions import resolve_regions
+from audit.core import environment
+from audit.core.protocol import apply_edits
+from audit.judging.jobs import function_frame
+from audit.mutation import catalogue, mutmut_adapter
+from audit.mutation.mutants import build_mutants
+from audit.setup.config import load_config
+from audit.setup.regions import resolve_regions
 from audit.testproc.codeswap import find_code, function_text
 
 

@@ -10,8 +10,8 @@ import pytest
 from fence_helpers import VLLM_VERSION, Result, fence_audit, private_cache
 from stryker_schema import published_schema
 
-from audit import environment
-from audit.config import default_cache_dir
+from audit.core import environment
+from audit.setup.config import default_cache_dir
 
 TARGET = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler"
 REGION = "population"  # big enough that fixed costs do not swamp the timing checks

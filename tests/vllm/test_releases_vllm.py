@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import pytest
 
-from audit import catalogue
-from audit.config import load_config
-from audit.errors import RegionUnresolved
-from audit.regions import resolve_regions
-from audit.sources import sdist_module
+from audit.core.errors import RegionUnresolved
+from audit.mutation import catalogue
+from audit.setup.config import load_config
+from audit.setup.regions import resolve_regions
+from audit.setup.sources import sdist_module
 
 pytestmark = pytest.mark.network
 

@@ -18,11 +18,12 @@ from pathlib import Path
 import pytest
 from fence_helpers import FENCE_TESTS, VLLM_VERSION, Result, fence_audit
 
-from audit import environment, sources
-from audit.config import load_config
-from audit.mutants import mutant_id
-from audit.mutmut_adapter import generate
-from audit.regions import resolve_regions
+from audit.core import environment
+from audit.mutation.mutants import mutant_id
+from audit.mutation.mutmut_adapter import generate
+from audit.setup import sources
+from audit.setup.config import load_config
+from audit.setup.regions import resolve_regions
 
 pytestmark = [pytest.mark.vllm, pytest.mark.network]
 
