@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import coverage
+from coverage.misc import join_regex
 from coverage.parser import PythonParser
 
 from audit.core.files import replaced_dir, write_json
@@ -52,13 +53,18 @@ def build_coverage_map(run: BaselineRun, vllm_version: str) -> CoverageMap:
 
 @dataclass(frozen=True, slots=True)
 class _Measured:
-    """The target's statements and possible arcs, and what the baseline executed."""
+    """The target's statements and possible arcs, and what the baseline executed, in
+    coverage.py's terms: a statement is known by its first line, so a line the tracer
+    saw inside a multi-line statement (the second line of an ``if (`` condition)
+    counts for the statement, as coverage.py's own analysis and HTML count it."""
 
     statements: set[int]
-    exits: dict[int, set[int]]  # line -> the lines control may go to from it
+    exits: dict[int, set[int]]  # statement -> the statements control may go to from it
+    branch_lines: set[int]  # statements with more than one exit (coverage.py's branches)
     executed_lines: set[int]
     executed_arcs: set[tuple[int, int]]
-    contexts: dict[int, list[str]]
+    contexts: dict[int, list[str]]  # as the tracer saw the lines: the coverage map's key
+    statement_contexts: dict[int, set[str]]  # by statement (first line)
 
 
 def _measured(run: BaselineRun) -> _Measured:
@@ -69,7 +75,10 @@ def _measured(run: BaselineRun) -> _Measured:
 
 @functools.lru_cache(maxsize=4)
 def _read_measured(data_file: Path, target: Path, mtime_ns: int, size: int) -> _Measured:
-    parser = PythonParser(filename=str(target))
+    # coverage.py's default exclusions, as its HTML (rendered with config_file=False)
+    # applies them
+    exclude = join_regex(coverage.Coverage(config_file=False).config.exclude_list)
+    parser = PythonParser(filename=str(target), exclude=exclude)
     parser.parse_source()
     data = coverage.CoverageData(basename=str(data_file))
     data.read()
@@ -77,12 +86,18 @@ def _read_measured(data_file: Path, target: Path, mtime_ns: int, size: int) -> _
     for source, dest in parser.arcs():
         exits[source].add(dest)
     path = str(target)
+    contexts = dict(data.contexts_by_lineno(path))
+    statement_contexts: dict[int, set[str]] = defaultdict(set)
+    for line, names in contexts.items():
+        statement_contexts[parser.first_line(line)].update(names)
     return _Measured(
         statements=set(parser.statements),
         exits=exits,
-        executed_lines=set(data.lines(path) or ()),
-        executed_arcs=set(data.arcs(path) or ()),
-        contexts=dict(data.contexts_by_lineno(path)),
+        branch_lines={line for line, count in parser.exit_counts().items() if count > 1},
+        executed_lines=parser.translate_lines(data.lines(path) or ()),
+        executed_arcs=parser.translate_arcs(data.arcs(path) or ()),
+        contexts=contexts,
+        statement_contexts=statement_contexts,
     )
 
 
@@ -179,8 +194,8 @@ def _main(argv: list[str]) -> int:
 def region_coverage(run: BaselineRun, regions: tuple[Region, ...]) -> tuple[RegionCoverage, ...]:
     measured = _measured(run)
     executed_lines, executed_arcs = measured.executed_lines, measured.executed_arcs
-    contexts, exits = measured.contexts, measured.exits
-    branch_lines = {line for line, dests in exits.items() if len(dests) > 1}
+    contexts, exits = measured.statement_contexts, measured.exits
+    branch_lines = measured.branch_lines
 
     result = []
     for region in regions:
@@ -215,7 +230,7 @@ def line_coverage(run: BaselineRun) -> dict[int, str]:
     for line in measured.statements:
         if line not in executed:
             status[line] = "missed"
-        elif len(exits[line]) > 1 and any((line, d) not in arcs for d in exits[line]):
+        elif line in measured.branch_lines and any((line, d) not in arcs for d in exits[line]):
             status[line] = "partly"
         else:
             status[line] = "covered"

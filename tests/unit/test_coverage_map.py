@@ -114,3 +114,88 @@ def test_region_table_lists_every_region_with_its_counts(tmp_path: Path) -> None
     assert rows[0].split() == ["region", "functions", "lines", "branches", "tests"]
     assert rows[2].split()[:3] == ["population", "1", "4/4"]
     assert rows[4].split()[:3] == ["reset", "1", "0/1"]
+
+
+MULTILINE = textwrap.dedent(
+    """\
+    def admit(fence, block, job, strict):
+        if (
+            block in fence
+            and job in fence[block]
+        ):
+            return fence.setdefault(
+                block,
+                set(),
+            )
+        if strict and (
+            job
+            > 3
+        ):
+            raise ValueError(job)
+        return None
+    """
+)
+
+
+def coverage_py_figures(data_file: Path, path: Path, lines: set[int]) -> tuple[int, ...]:
+    """Lines covered and total, branches covered and total, of ``lines`` of ``path``, as
+    coverage.py's own JSON report counts them (the statement's first line; every exit
+    of a line with more than one)."""
+    import json
+
+    cov = coverage.Coverage(data_file=str(data_file), branch=True, config_file=False)
+    cov.load()
+    out = data_file.with_suffix(".json")
+    cov.json_report(outfile=str(out), include=[str(path)])
+    (report,) = json.loads(out.read_text())["files"].values()
+    executed = set(report["executed_lines"]) & lines
+    missing = set(report["missing_lines"]) & lines
+    taken = [a for a in report["executed_branches"] if a[0] in lines]
+    not_taken = [a for a in report["missing_branches"] if a[0] in lines]
+    return len(executed), len(executed | missing), len(taken), len(taken) + len(not_taken)
+
+
+def test_multi_line_statements_count_as_coverage_py_counts_them(tmp_path: Path) -> None:
+    """A multi-line condition or call is one statement, known by its first line: the
+    tracer may report only its inner lines, and the region's figures still equal
+    coverage.py's own analysis of the same data (the `if (` line is covered)."""
+    path = tmp_path / "toyadmit.py"
+    path.write_text(MULTILINE)
+    data_file = tmp_path / "data.coverage"
+    cov = coverage.Coverage(
+        data_file=str(data_file), branch=True, include=[str(path)], config_file=False
+    )
+    cov.start()
+    spec = importlib.util.spec_from_file_location("toyadmit", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cov.switch_context("t.py::test_admit")
+    module.admit({1: {7}}, 1, 7, strict=False)
+    module.admit({}, 2, 1, strict=True)
+    cov.switch_context("")
+    cov.stop()
+    cov.save()
+    run = BaselineRun(
+        Target("toyadmit", path, path, "0" * 64),
+        (TestResult("t.py::test_admit", TestOutcome.PASSED, 0.5),),
+        data_file,
+        tmp_path / "log",
+        1.0,
+    )
+    spec_ = RegionSpec("admission", "", (Selection("admit"),))
+    (region,) = resolve_regions(MULTILINE, (spec_,), filename="toyadmit.py")
+    (measured,) = coverage_map.region_coverage(run, (region,))
+    ours = (
+        measured.lines.covered,
+        measured.lines.total,
+        measured.branches.covered,
+        measured.branches.total,
+    )
+    assert ours == coverage_py_figures(data_file, path, set(region.lines))
+    assert measured.missed_lines == (14,)  # only the raise; `if (` (2) and `if strict` (9) ran
+    statuses = coverage_map.line_coverage(run)
+    assert statuses[2] == "covered"
+    assert statuses[6] == "covered"
+    assert measured.tests == ("t.py::test_admit",)

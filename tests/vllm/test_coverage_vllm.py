@@ -146,3 +146,34 @@ def test_a_checkout_is_audited_from_its_own_files(tmp_path: Path, audited) -> No
 
 def _cached_sdist_tests() -> Path:
     return load_config().cache_dir / "tests" / f"vllm-{VLLM_VERSION}" / "tests"
+
+
+def test_every_region_figure_equals_coverage_py_s_own_analysis(audited) -> None:  # type: ignore[no-untyped-def]
+    """Each region's line and branch figures in regions.json are coverage.py's: its JSON
+    report of the same data file, restricted to the region's lines (a multi-line
+    statement counts once, by its first line; every exit of a line with two or more)."""
+    import coverage
+
+    _, reports, _ = audited
+    document = json.loads((reports / "regions.json").read_text())
+    target = document["target"]["path"]
+    cov = coverage.Coverage(
+        data_file=str(reports / ".work" / "baseline.coverage"), branch=True, config_file=False
+    )
+    cov.load()
+    out = reports.parent / "coverage-py.json"
+    cov.json_report(outfile=str(out), include=[target])
+    (report,) = json.loads(out.read_text())["files"].values()
+    for name, region in document["regions"].items():
+        lines = {n for s in region["spans"] for n in range(s["start"], s["end"] + 1)}
+        executed = set(report["executed_lines"]) & lines
+        missing = set(report["missing_lines"]) & lines
+        taken = [a for a in report["executed_branches"] if a[0] in lines]
+        not_taken = [a for a in report["missing_branches"] if a[0] in lines]
+        theirs = {
+            "lines": {"covered": len(executed), "total": len(executed | missing)},
+            "branches": {"covered": len(taken), "total": len(taken) + len(not_taken)},
+            "missed_lines": sorted(missing),
+        }
+        ours = {key: region[key] for key in theirs}
+        assert ours == theirs, name
