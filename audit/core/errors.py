@@ -32,6 +32,7 @@ class ExitCode(IntEnum):
     PATCH_DOES_NOT_APPLY = 15  # `nox -s upstream`: a fix no longer applies to the release
     UPSTREAM_CHECK_FAILED = 16  # `nox -s upstream`: a check of the patch series failed
     WORSE_THAN_STANDING = 17  # `gate --standing`: the run is worse than its release's standing
+    CANNOT_WRITE = 18  # a file or folder fence-audit writes could not be written (disk full, ...)
     INTERNAL = 70  # a bug in fence-audit
     INTERRUPTED = 130  # Ctrl-C or SIGTERM: the results so far are written, marked incomplete
 
@@ -112,6 +113,13 @@ class UpstreamCheckFailed(AuditError):
     """A check of the upstream series failed (a test, the patched audit, the hunt)."""
 
     exit_code = ExitCode.UPSTREAM_CHECK_FAILED
+
+
+class CannotWrite(AuditError):
+    """A file or folder fence-audit writes could not be written: no space left on its
+    device, not writable, or a folder where a file goes. What was judged is cached."""
+
+    exit_code = ExitCode.CANNOT_WRITE
 
 
 class ExecutorFailed(AuditError):

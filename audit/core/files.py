@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -10,6 +11,38 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from audit.core.errors import CannotWrite
+
+# What a write can meet that the person running the audit can mend: the disk, the
+# permissions, or something else standing where the file goes. Any other OSError is
+# fence-audit's own fault, and stays a traceback (exit 70).
+_MENDABLE = {
+    errno.ENOSPC: "free space on that device (or write elsewhere), then run the same command "
+    "again: what was judged is cached",
+    errno.EDQUOT: "free space within your quota, then run the same command again: what was "
+    "judged is cached",
+    errno.EACCES: "make it writable, then run the same command again",
+    errno.EPERM: "make it writable, then run the same command again",
+    errno.EROFS: "write to a writable file system (--reports, --cache-dir)",
+    errno.EISDIR: "move the folder that stands where the file goes",
+    errno.ENOTDIR: "move the file that stands where a folder goes",
+}
+
+
+@contextlib.contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Turn an error a person can mend while writing ``path`` (no space left, not
+    writable, a folder where the file goes) into one line, exit 18 (:class:`CannotWrite`)."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno not in _MENDABLE:
+            raise
+        raise CannotWrite(
+            f"cannot write {path}: {error.strerror or error}",
+            details={"path": str(path), "next": _MENDABLE[error.errno]},
+        ) from None
 
 
 def write_json(path: Path, document: Any) -> None:
@@ -48,6 +81,11 @@ def _json_lines(value: Any, depth: int) -> str:
 
 def write_text(path: Path, text: str) -> None:
     """Write ``text``: the old file or the new one, never half of one."""
+    with writing(path):
+        _write_text(path, text)
+
+
+def _write_text(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -72,14 +110,16 @@ def replaced_dir(target: Path, *, clear: Callable[[Path], None] = shutil.rmtree)
     Whatever fails before ``clear`` leaves ``target`` as it was; the staging folder is
     gone either way.
     """
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.part-"))
-    staging.chmod(0o755)  # mkdtemp's 0700 would hide the reports from others (CI uploaders)
+    with writing(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.part-"))
+        staging.chmod(0o755)  # mkdtemp's 0700 would hide the reports from others (CI uploaders)
     try:
         yield staging
-        if target.exists():
-            clear(target)
-        staging.replace(target)
+        with writing(target):
+            if target.exists():
+                clear(target)
+            staging.replace(target)
     finally:
         if staging.exists():
             shutil.rmtree(staging)

@@ -75,7 +75,32 @@ def check_reports_dir(root: Path) -> None:
     foreign = _unlisted(root, written)
     if foreign:
         raise _foreign_error(root, foreign)
+    _check_shapes(root)
     _check_writable(root)
+
+
+def _check_shapes(root: Path) -> None:
+    """Refuse a folder where fence-audit writes a file (``audit.json/``), or a file where
+    it writes a folder (``logs``): found now, not after every mutant is judged."""
+    for name in (*FILES, SCRATCH, *REPLACED):
+        path = root / name.rstrip("/")
+        wants_folder = name.endswith("/")
+        parents = [root / p for p in Path(name.rstrip("/")).parents[:-1][::-1]]
+        blocked = next((q for q in parents if _exists(q) and not q.is_dir()), None)
+        if blocked is None and _exists(path) and path.is_dir() != wants_folder:
+            blocked = path
+        if blocked is not None:
+            shape = "a folder" if blocked.is_dir() else "a file"
+            where = blocked.relative_to(root).as_posix()
+            raise ConfigError(
+                f"{where} in the reports folder is {shape} where fence-audit writes "
+                f"{'a file' if shape == 'a folder' else 'a folder'}",
+                details={
+                    "folder": str(root),
+                    "next": f"move {where} out of the reports folder, or choose another "
+                    "folder with --reports",
+                },
+            )
 
 
 LOCK = ".fence-audit.lock"  # held by the one run writing the folder (flock)

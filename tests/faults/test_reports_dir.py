@@ -21,8 +21,9 @@ import pytest
 
 from audit.baseline.coverage_map import write_html
 from audit.cli import main
+from audit.core import files
 from audit.core.environment import sha256_file
-from audit.core.errors import ConfigError, ExitCode
+from audit.core.errors import CannotWrite, ConfigError, ExitCode
 from audit.core.outputs import LOCK, MANIFEST
 from audit.rendering.reports import write_reports
 from audit.results.report_model import load_results
@@ -355,3 +356,80 @@ def test_a_second_run_on_the_same_reports_folder_is_refused(
     finally:
         os.close(held)
     assert run("report", tmp_path, reports) == ExitCode.OK
+
+
+@pytest.mark.parametrize(
+    ("command", "standing", "says"),
+    [
+        ("report", "summary.md", "summary.md in the reports folder is a folder where"),
+        ("coverage", "logs", "logs in the reports folder is a file where"),
+    ],
+)
+def test_something_standing_where_a_report_goes_is_refused_before_the_run(
+    command: str, standing: str, says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A folder where a report file goes, or a file where a folder goes, in a folder
+    fence-audit wrote: refused at the start (exit 1), not met after the judging."""
+    reports = tmp_path / "reports"
+    assert run("report", tmp_path, reports) == ExitCode.OK
+    capsys.readouterr()
+    manifest = json.loads((reports / MANIFEST).read_text())
+    manifest["written"] = sorted({*manifest["written"], "logs/baseline.log"})
+    (reports / MANIFEST).write_text(json.dumps(manifest))
+    path = reports / standing
+    if path.is_file():  # a report file: a folder stands there
+        path.unlink()
+        path.mkdir()
+    else:  # the logs folder: a file stands there
+        path.write_text("mine")
+    before = snapshot(reports)
+    assert run(command, tmp_path, reports) == ExitCode.USAGE
+    message = one_line(capsys)
+    assert says in message
+    assert snapshot(reports) == before
+    assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize(
+    ("error", "says"),
+    [
+        (errno.ENOSPC, "; next: free space on that device"),
+        (errno.EACCES, "; next: make it writable"),
+        (errno.EISDIR, "; next: move the folder that stands where the file goes"),
+    ],
+)
+def test_a_write_that_fails_is_one_line_exit_18_and_keeps_the_old_reports(
+    error: int,
+    says: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No space left, a write refused, a folder met at the last step: each is one line
+    with exit 18 naming the path, the reports as they were and no temporary file left."""
+    reports = tmp_path / "reports"
+    assert run("report", tmp_path, reports) == ExitCode.OK
+    capsys.readouterr()
+    before = snapshot(reports)
+
+    def refused(fd: int) -> None:
+        raise OSError(error, os.strerror(error))
+
+    monkeypatch.setattr(files.os, "fsync", refused)
+    code = run("report", tmp_path, reports)
+    assert code == ExitCode.CANNOT_WRITE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "Traceback" not in err
+    assert f"fence-audit: cannot write {reports}" in err
+    assert says in err
+    assert snapshot(reports) == before
+    assert not [p for p in reports.rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_an_error_fence_audit_cannot_name_is_left_to_the_traceback(tmp_path: Path) -> None:
+    """Only the errors a person can mend become exit 18; any other stays a bug (exit 70)."""
+    with pytest.raises(OSError, match="Bad file"), files.writing(tmp_path / "x"):
+        raise OSError(errno.EBADF, "Bad file descriptor")
+    with pytest.raises(CannotWrite, match="No space"), files.writing(tmp_path / "x"):
+        raise OSError(errno.ENOSPC, "No space left on device")

@@ -14,7 +14,7 @@ from stryker_schema import SCHEMA_PACKAGE, SCHEMA_PACKAGE_VERSION, published_sch
 
 from audit.cli import main
 from audit.core import environment, files, outputs
-from audit.core.errors import ConfigError
+from audit.core.errors import CannotWrite, ConfigError
 from audit.core.protocol import MutantStatus
 from audit.rendering.reports import write_reports
 from audit.rendering.stryker import (
@@ -23,7 +23,8 @@ from audit.rendering.stryker import (
     SourceNotHere,
     render_mutation_report,
 )
-from audit.results.report_model import AuditResults, load_results
+from audit.results.report_model import load_results
+from audit.results.view import AuditResults
 from audit.setup.config import default_cache_dir, load_config
 
 SOURCE = """\
@@ -355,7 +356,7 @@ def test_a_failed_write_keeps_the_old_report_and_no_temporary_file(
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(files.os, "fsync", disk_full)
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(CannotWrite, match="No space"):
         write_reports(results, out.parent)
     assert out.read_text() == "old"
     assert [p.name for p in out.parent.rglob("*") if p.suffix == ".tmp"] == []
