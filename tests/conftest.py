@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -90,8 +91,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     started = config.stash.get(_STARTED, None)
     if started is not None:
         from audit.core import cache
+        from audit.core.errors import ConfigError
 
-        cache.prune(TEST_CACHE, 0, now=started, kinds=SESSION_KINDS)
+        # another session's run still using the cache keeps it as it is, for now
+        with contextlib.suppress(ConfigError):
+            cache.prune(TEST_CACHE, 0, now=started, kinds=SESSION_KINDS)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

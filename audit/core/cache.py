@@ -24,6 +24,7 @@ anything in it could be mistaken for an entry.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
 import shutil
@@ -69,7 +70,10 @@ _TAG_TEXT = (
     "# This file is a cache directory tag created by fence-audit.\n"
     "# For information about cache directory tags, see https://bford.info/cachedir/\n"
 )
-KEPT = ("hf-home", "vllm-home", "schemas", TAG)  # left as they are: see the module's docstring
+# Held shared by every run that uses the cache (from :func:`mark` on), and exclusively
+# by a prune: a prune never removes an entry a running audit may be about to read.
+LOCK = ".fence-audit.lock"
+KEPT = ("hf-home", "vllm-home", "schemas", TAG, LOCK)  # left as they are: see the docstring
 # What a run killed mid-way leaves beside an entry: the temporary files of
 # ``write_text``, the generator and the verdicts, a download's ``.part`` file,
 # ``replaced_dir``'s staging folders, the forced-fail check's verdict
@@ -110,10 +114,58 @@ def marked(root: Path) -> bool:
 
 
 def mark(root: Path) -> None:
-    """Tag ``root`` as fence-audit's cache (made if missing)."""
+    """Tag ``root`` as fence-audit's cache (made if missing), and hold it, shared, for
+    this process (:data:`LOCK`): a prune waits for no run, it stops."""
     if not marked(root):
         root.mkdir(parents=True, exist_ok=True)
         write_text(root / TAG, _TAG_TEXT)
+    _lock(root, fcntl.LOCK_SH)
+
+
+_held: dict[Path, int] = {}  # the caches this process holds, by resolved path
+
+
+def _lock(root: Path, how: int) -> None:
+    """Take ``root``'s lock (``fcntl.LOCK_SH`` for a run, ``LOCK_EX`` for a prune) for
+    this process until :func:`release`, or stop with one line if another process holds
+    it the other way."""
+    key = root.resolve()
+    fd = _held.get(key)
+    own = fd is not None
+    if fd is None:
+        fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, how | fcntl.LOCK_NB)  # held already: converted (a run that prunes)
+    except OSError:
+        if own:  # a failed conversion may have dropped the lock held: take it back
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        else:
+            os.close(fd)
+        pruning = how == fcntl.LOCK_EX
+        raise ConfigError(
+            "a fence-audit run is using this cache" if pruning else "this cache is being pruned",
+            details={
+                "folder": str(root),
+                "next": "prune when no run is using it"
+                if pruning
+                else "wait for the prune to end, or give this run its own --cache-dir",
+            },
+        ) from None
+    _held[key] = fd
+
+
+def release(root: Path) -> None:
+    """Let go of ``root``, if this process holds it (the lock file stays)."""
+    fd = _held.pop(root.resolve(), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def release_all() -> None:
+    """Let go of every cache this process holds."""
+    for root in list(_held):
+        release(root)
 
 
 def contents(root: Path) -> Contents:
@@ -196,6 +248,27 @@ def prune(
                 "a cache from before the tag gets it from the next run that uses it",
             },
         )
+    if not listed.entries:
+        return ()
+    held = root.resolve() in _held
+    _lock(root, fcntl.LOCK_EX)
+    try:
+        return _prune(root, listed, days, max_bytes, now, kinds)
+    finally:  # back to what this process held before: a run's shared hold, or none
+        if held:
+            fcntl.flock(_held[root.resolve()], fcntl.LOCK_SH)
+        else:
+            release(root)
+
+
+def _prune(
+    root: Path,
+    listed: Contents,
+    days: float | None,
+    max_bytes: int | None,
+    now: float | None,
+    kinds: Iterable[str] | None,
+) -> tuple[Entry, ...]:
     wanted = None if kinds is None else frozenset(kinds)
     chosen = [e for e in listed.entries if wanted is None or e.kind in wanted]
     chosen.sort(key=lambda entry: (entry.used, str(entry.path)))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -107,6 +109,7 @@ def test_prune_removes_the_entries_unused_for_the_days_and_nothing_else(filled: 
     assert len(removed) == 11
     left = sorted(str(p.relative_to(filled)) for p in filled.rglob("*"))
     assert left == [
+        ".fence-audit.lock",  # the runs' and the prunes' lock: kept
         "CACHEDIR.TAG",
         "baselines",
         "elsewhere",
@@ -392,3 +395,59 @@ def test_a_run_may_tag_its_cache_but_refuses_a_folder_holding_what_is_not_fence_
     check_cache_dir(project, "a test", claim=False)  # `fence-audit cache` only lists
     check_cache_dir(tmp_path / "fresh", "a test")
     assert not (tmp_path / "fresh").exists()
+
+
+def _held_elsewhere(root: Path, how: str) -> subprocess.Popen[str]:
+    """Another process holding the cache's lock (``SH``, as a run; ``EX``, as a prune)
+    until its stdin closes."""
+    code = (
+        "import fcntl, os, sys; "
+        f"fd = os.open({str(root / cache.LOCK)!r}, os.O_RDWR | os.O_CREAT); "
+        f"fcntl.flock(fd, fcntl.LOCK_{how}); print('held', flush=True); sys.stdin.read()"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout is not None
+    assert holder.stdout.readline() == "held\n"
+    return holder
+
+
+def test_a_prune_stops_while_a_run_uses_the_cache(filled: Path) -> None:
+    cache.release(filled)  # the fixture's own hold, as a finished run lets go
+    holder = _held_elsewhere(filled, "SH")
+    try:
+        with pytest.raises(ConfigError, match="a fence-audit run is using this cache"):
+            cache.prune(filled, 30, now=NOW)
+        assert (filled / "results" / f"{KEY}.json").exists()  # nothing removed
+    finally:
+        holder.communicate("")
+    assert cache.prune(filled, 30, now=NOW)  # once the run is over
+    cache.release(filled)
+
+
+def test_a_run_stops_while_the_cache_is_pruned(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    root.mkdir()
+    holder = _held_elsewhere(root, "EX")
+    try:
+        with pytest.raises(ConfigError, match="this cache is being pruned"):
+            cache.mark(root)
+    finally:
+        holder.communicate("")
+    cache.mark(root)
+    cache.release(root)
+
+
+def test_a_run_that_prunes_goes_back_to_sharing_the_cache(filled: Path) -> None:
+    """The fixture's run holds the cache; its prune holds it alone only while it prunes."""
+    assert cache.prune(filled, 30, now=NOW)
+    other = _held_elsewhere(filled, "SH")  # another run starts: not refused
+    other.communicate("")
+    holder = _held_elsewhere(filled, "SH")
+    try:
+        with pytest.raises(ConfigError, match="a fence-audit run is using this cache"):
+            cache.prune(filled, 0, now=NOW + cache.DAY_S)
+    finally:
+        holder.communicate("")
+    cache.release(filled)
