@@ -11,6 +11,9 @@ first job runs it on the runner's own Python, before any setup.
                                        among the changed paths listed in FILE
     releases.py --shards N             the shards of each release's audit, [1, ..., N]
                                        (the matrix's second axis; 1: one job a release)
+    releases.py --newer [--index URL]  the final releases of vLLM on the package index
+                                       (PEP 691 JSON; default PyPI's) newer than the
+                                       newest lock: the weekly run locks and audits them
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import json
 import re
 import sys
 import tomllib
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,6 +81,43 @@ def select(
     return [v for v in available if v in wanted]
 
 
+INDEX = "https://pypi.org/simple"
+PEP691_JSON = "application/vnd.pypi.simple.v1+json"
+FINAL = re.compile(r"^[0-9]+(\.[0-9]+)*$")  # a final release: no rc, dev, post or local part
+# vLLM's distributions on the index: its sdist and its wheels
+DISTRIBUTION = re.compile(r"^vllm-(?P<version>[^-]+?)(\.tar\.gz|-.+\.whl)$")
+
+
+def on_index(index: str, timeout: float = 30.0) -> list[str]:
+    """Every final release of vLLM the package ``index`` lists, oldest first: its
+    PEP 700 ``versions`` where given, else the versions of its files."""
+    page = f"{index.rstrip('/')}/vllm/"
+    request = urllib.request.Request(page, headers={"Accept": PEP691_JSON})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            listing = json.loads(response.read())
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise ReleaseError(
+            f"the package index {page} did not answer with PEP 691 JSON "
+            f"({getattr(exc, 'reason', exc)}): the new releases cannot be looked up"
+        ) from None
+    if not isinstance(listing, dict):
+        raise ReleaseError(f"the package index {page} did not answer with PEP 691 JSON")
+    versions = listing.get("versions")
+    if not isinstance(versions, list):
+        files = listing.get("files", [])
+        names = [f.get("filename", "") for f in files if isinstance(f, dict)]
+        versions = [m["version"] for n in names if (m := DISTRIBUTION.match(str(n)))]
+    found = {str(v) for v in versions if FINAL.match(str(v))}
+    return sorted(found, key=version_key)
+
+
+def newer(available: list[str], listed: list[str]) -> list[str]:
+    """The releases of ``listed`` newer than every one of ``available`` (the locks)."""
+    newest = max((version_key(v) for v in available), default=None)
+    return [v for v in listed if newest is None or version_key(v) > newest]
+
+
 MAX_SHARDS = 16  # jobs per release: past this, the baselines cost more than they share
 
 
@@ -94,7 +136,18 @@ def main(argv: list[str] | None = None, root: Path = ROOT) -> int:
         "--pull-request", type=Path, metavar="FILE", help="the changed paths, one a line"
     )
     parser.add_argument("--shards", metavar="N", help="print the shards 1..N of each release")
+    parser.add_argument(
+        "--newer", action="store_true", help="print the releases newer than the newest lock"
+    )
+    parser.add_argument("--index", default=INDEX, help=f"the package index (default {INDEX})")
     args = parser.parse_args(argv)
+    if args.newer:
+        try:
+            print(json.dumps(newer(locked(root / "locks"), on_index(args.index))))
+        except ReleaseError as exc:
+            print(f"releases: {exc}", file=sys.stderr)
+            return 1
+        return 0
     if args.shards is not None:
         try:
             print(json.dumps(shards(args.shards)))

@@ -9,6 +9,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from fake_index import FakeIndex
 
 ROOT = Path(__file__).parents[2]
 SCRIPT = ROOT / ".github" / "scripts" / "releases.py"
@@ -130,3 +131,41 @@ def test_shards_that_are_not_1_to_16_are_refused(
     code, out, err = run(repo, capsys, "--shards", given)
     assert (code, out) == (1, "")
     assert "shards must be a whole number from 1 to 16" in err
+
+
+def test_the_weekly_run_finds_the_releases_newer_than_the_newest_lock(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A fake index lists a made-up release 0.99.0 (its sdist and a wheel), a release
+    candidate and older releases: only 0.99.0 is new (locks: 0.9.0, 0.28.0, 0.33.0)."""
+    index = FakeIndex("0.33.0")
+    files = [
+        "vllm-0.28.0.tar.gz",
+        "vllm-0.33.0.tar.gz",
+        "vllm-0.33.0-cp38-abi3-manylinux1_x86_64.whl",
+        "vllm-0.99.0-cp38-abi3-manylinux1_x86_64.whl",
+        "vllm-0.99.0.tar.gz",
+        "vllm-1.0.0rc1.tar.gz",
+        "vllm-0.99.0.dev3.tar.gz",
+    ]
+    index.answer = json.dumps({"files": [{"filename": name} for name in files]}).encode()
+    try:
+        assert run(repo, capsys, "--newer", "--index", index.url) == (0, '["0.99.0"]\n', "")
+        # PEP 700's list of versions, where the index gives one
+        index.answer = json.dumps({"versions": ["0.33.0", "0.34.0", "0.35.0rc2"]}).encode()
+        assert run(repo, capsys, "--newer", "--index", index.url) == (0, '["0.34.0"]\n', "")
+        index.answer = json.dumps({"versions": ["0.32.0", "0.33.0"]}).encode()
+        assert run(repo, capsys, "--newer", "--index", index.url) == (0, "[]\n", "")
+        index.answer = b"<html>not the JSON API</html>"
+        code, out, err = run(repo, capsys, "--newer", "--index", index.url)
+        assert (code, out) == (1, "")
+        assert "did not answer with PEP 691 JSON" in err
+    finally:
+        index.close()
+
+
+def test_an_unreachable_index_is_one_line(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(repo, capsys, "--newer", "--index", "http://127.0.0.1:9/simple")
+    assert (code, out) == (1, "")
+    assert err.count("\n") == 1
+    assert "the new releases cannot be looked up" in err

@@ -124,7 +124,7 @@ def test_a_sharded_release_is_judged_by_its_shards_and_gated_by_one_merge() -> N
     # a shard's artifact is not a release's: the releases page reads fence-audit-vllm-*
     upload = next(s for s in audit["steps"] if "upload-artifact" in s.get("uses", ""))
     assert "fence-audit-shard-{0}-{1}" in upload["with"]["name"]
-    download = next(s for s in merge["steps"] if "download-artifact" in s.get("uses", ""))
+    download = next(s for s in merge["steps"] if "pattern" in s.get("with", {}))
     assert download["with"]["pattern"] == "fence-audit-shard-${{ matrix.version }}-*"
     assert any("nox -s merge" in s.get("run", "") for s in merge["steps"])
     assert "needs.releases.outputs.count != '1'" in merge["if"]
@@ -286,3 +286,32 @@ def test_a_bad_input_stops_the_action_with_an_error_naming_it(
     assert message in log
     assert values == {}
     assert not (tmp_path / "pwned").exists()
+
+
+def test_the_weekly_run_locks_and_audits_the_releases_newer_than_its_locks() -> None:
+    """The schedule asks the index for releases newer than the newest lock, locks each
+    before the list of releases is made (so the matrix holds it), hands the locks to
+    every job that installs a release, and fails loudly on a lock it cannot write."""
+    jobs = load(WORKFLOW)["jobs"]
+    steps = jobs["releases"]["steps"]
+    names = [s.get("id") or s.get("name") or s.get("uses") for s in steps]
+    watch = next(s for s in steps if s.get("id") == "watch")
+    assert "schedule" in watch["if"]
+    assert "releases.py --newer" in watch["run"]
+    lock = next(s for s in steps if s.get("id") == "lock")
+    assert "nox -s lock --" in lock["run"]
+    assert "::error" in lock["run"]
+    assert names.index("watch") < names.index("lock") < names.index("list")
+    upload = next(s for s in steps if "upload-artifact" in s.get("uses", ""))
+    assert upload["with"]["name"] == "fence-audit-new-locks"
+    for name in ("costs", "audit", "merge"):
+        job_steps = jobs[name]["steps"]
+        download = next(
+            i
+            for i, s in enumerate(job_steps)
+            if s.get("with", {}).get("name") == "fence-audit-new-locks"
+        )
+        setup = next(i for i, s in enumerate(job_steps) if "setup-python" in s.get("uses", ""))
+        assert download < setup, name  # the lock is there before pip's cache is keyed on it
+    page = jobs["releases-page"]["steps"]
+    assert any("needs.releases.outputs.unlocked" in s.get("if", "") for s in page)
