@@ -19,7 +19,7 @@ from typing import NoReturn
 from audit import __version__
 from audit.core.errors import ConfigError
 from audit.results.shards import Shard
-from audit.setup.config import is_release
+from audit.setup.values import is_release
 
 
 class Parser(argparse.ArgumentParser):
@@ -78,7 +78,7 @@ def path(text: str) -> Path:
 
 
 def release(text: str) -> str:
-    """An argparse type: a vLLM release's version (:func:`config.is_release`)."""
+    """An argparse type: a vLLM release's version (:func:`values.is_release`)."""
     if not is_release(text):
         raise argparse.ArgumentTypeError(f"{text!r}: not a vLLM release")
     return text

@@ -1,4 +1,7 @@
-"""The ``fence-audit`` command. The only place that catches :class:`AuditError`."""
+"""The ``fence-audit`` command: the command line parsed, each command dispatched through
+one table to its handler, the only place that catches :class:`AuditError`. The commands
+that start a run (fetch, regions, coverage, bench, mutate) are handled here, every input
+checked before the run starts; those that run no test are in :mod:`audit.commands`."""
 
 from __future__ import annotations
 
@@ -10,146 +13,59 @@ import signal
 import sys
 import threading
 import traceback
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
-from audit import pipeline
+from audit import commands, pipeline
 from audit.arguments import build_parser
 from audit.baseline.coverage_map import format_table
-from audit.core import cache, environment, hermetic, outputs
+from audit.commands import compared, print_gate, print_report_and_gate, print_skipped, thresholds
+from audit.core import hermetic, outputs
 from audit.core.errors import AuditError, ConfigError, ExitCode
-from audit.core.files import write_text
-from audit.core.inputs import check_cache_dir, resolved
-from audit.core.text import first_of
+from audit.core.inputs import check_cache_dir
 from audit.judging.jobs import ExecutorOptions
-from audit.mutation import catalogue, changes
+from audit.mutation import changes
 from audit.mutation import scope as scopes
-from audit.rendering.reports import Written
-from audit.results import shards, standing
-from audit.results.gate import GateResult
-from audit.results.report_model import AuditResults, load_results
+from audit.results import shards
+from audit.results.report_model import AuditResults
 from audit.results.scores import Tally, format_scores
-from audit.setup import sources
 from audit.setup.config import (
     Config,
     GateThresholds,
     SuitePath,
     config_from_arguments,
     parse_suite_path,
-    percentage,
 )
 from audit.setup.model import Mutant, MutantResult, percent_text
-from audit.setup.regions import resolve_regions
 
 
-def compared(path: Path) -> AuditResults:
-    """The older run ``--compare`` names; a refusal says it is that option's file."""
-    try:
-        return load_results(path)
-    except ConfigError as error:
-        raise ConfigError(f"--compare: {error.summary}", details=error.details) from None
+def _fetch(config: Config, args: argparse.Namespace) -> ExitCode:
+    """``fetch``: vLLM's tests for the installed version, into the cache."""
+    check_inputs(config, args, None)
+    prepared = prepare(config, args, writes_reports=False)
+    print(f"fence-audit: vLLM's tests are in {prepared.source.root}")
+    return ExitCode.OK
 
 
-def thresholds(config: Config, args: argparse.Namespace) -> GateThresholds:
-    """The configured gate, overridden by the command line."""
-    gate = config.gate
-    if args.fail_under is not None:
-        gate = dataclasses.replace(
-            gate, fail_under=percentage(args.fail_under, "--fail-under", "command line")
-        )
-    if args.min_line_coverage is not None:
-        value = percentage(args.min_line_coverage, "--min-line-coverage", "command line")
-        gate = dataclasses.replace(gate, min_line_coverage=value)
-    regions = dict(gate.regions)
-    for text in args.fail_under_region:
-        name, sep, value = text.partition("=")
-        try:
-            number = float(value)
-        except ValueError:
-            number = None
-        if not sep or not name or number is None:
-            raise ConfigError(
-                f"--fail-under-region {text!r} is not of the form NAME=PERCENT",
-                details={"next": "for example --fail-under-region flush=90"},
-            )
-        regions[name] = percentage(number, f"--fail-under-region {name}", "command line")
-    return dataclasses.replace(gate, regions=tuple(regions.items()))
+def _regions(config: Config, args: argparse.Namespace) -> ExitCode:
+    """``regions``: the regions resolved against the audited source."""
+    check_inputs(config, args, None)
+    prepared = prepare(config, args, writes_reports=False)
+    for region in prepared.regions:
+        spans = ", ".join(f"{s.start}-{s.end}" for s in region.spans)
+        print(f"{region.name:<16} {len(region.lines):>4} lines  {spans}")
+    return ExitCode.OK
 
 
-def run(args: argparse.Namespace) -> ExitCode:
-    config = config_from_arguments(args)
-    if getattr(args, "no_catalogue", False):  # mutmut's mutants only
-        config = dataclasses.replace(config, catalogue_dir=None)
-    if args.command in ("report", "gate", "accept"):
-        return from_results(config, args)
-    if args.command == "merge":
-        return merge(config, args)
-    if args.command == "catalogue":
-        return check_catalogue(config, args.vllm_src, args.release)
-    if args.command == "cache":
-        check_cache_dir(config.cache_dir, config.cache_dir_from, claim=False)
-        return show_cache(config.cache_dir, args.prune, args.max_mb)
-    # Every input is checked before the run: a bad one must not cost a download or a baseline.
-    gate = thresholds(config, args) if args.command == "mutate" else None
-    entries = check_inputs(config, args, gate)
-    costs = shard_costs(args) if args.command == "mutate" else None
-    previous = compared(args.compare) if getattr(args, "compare", None) else None
-    writes = args.command not in ("fetch", "regions")  # these write nothing to the reports
-    since = getattr(args, "since", None)
-    prepared = pipeline.prepare(
-        config,
-        vllm_src=args.vllm_src,
-        writes_reports=writes,
-        since=since,
-        scope=getattr(args, "scope", scopes.REGIONS),
-    )
-    print(f"fence-audit: vLLM {prepared.vllm.version}; tests from {prepared.source.origin}")
-    print(f"fence-audit: target {prepared.target.module} ({prepared.target.path})")
-    if prepared.changed is not None:
-        print_changed(prepared.changed)
-        if not prepared.changed.lines:
-            return unchanged(prepared, args, entries, previous)
-    if args.command == "fetch":
-        print(f"fence-audit: vLLM's tests are in {prepared.source.root}")
-        return ExitCode.OK
-    if args.command == "regions":
-        for region in prepared.regions:
-            spans = ", ".join(f"{s.start}-{s.end}" for s in region.spans)
-            print(f"{region.name:<16} {len(region.lines):>4} lines  {spans}")
-        return ExitCode.OK
-
-    mutating = args.command == "mutate"
-    workers = getattr(args, "jobs", None) or os.cpu_count() or 1
-    stage = baseline(
-        prepared, entries, reuse=mutating and not args.no_cache, prime=mutating, workers=workers
-    )
+def _coverage(config: Config, args: argparse.Namespace) -> ExitCode:
+    """``coverage``: the baseline under per-test coverage; the region table."""
+    entries = check_inputs(config, args, None)
+    prepared = prepare(config, args)
+    stage = baseline(prepared, entries, reuse=False, workers=os.cpu_count() or 1)
+    stage.close()
     reports = config.reports_dir
-    if args.command == "coverage":
-        stage.close()
-    if args.command == "bench":
-        from audit.devtools import bench
-
-        try:
-            result = bench.run_bench(
-                stage,
-                ExecutorOptions(jobs=args.jobs),
-                tuple(args.region),
-                args.sample,
-                command=bench.mutate_command(args),
-            )
-        finally:
-            stage.close()
-        bench.write_bench(result, reports / "bench.json")
-        print()
-        print(bench.format_bench(result))
-        print(f"\nfence-audit: benchmark in {reports / 'bench.json'}")
-        return ExitCode.OK
-    if args.command == "mutate":
-        assert gate is not None
-        return mutate(stage, args, gate, costs, previous)
     print(
         f"fence-audit: baseline green: {len(stage.run.tests)} tests in "
         f"{stage.run.duration_s:.1f}s (log: {stage.run.log})"
@@ -162,29 +78,101 @@ def run(args: argparse.Namespace) -> ExitCode:
     return ExitCode.OK
 
 
-def mutate(
-    stage: pipeline.CoverageStage,
-    args: argparse.Namespace,
-    gate: GateThresholds,
-    costs: dict[str, float] | None,
-    previous: AuditResults | None,
-) -> ExitCode:
-    """``mutate`` after the baseline: judge, write the reports, run the gate (a shard
+def _bench(config: Config, args: argparse.Namespace) -> ExitCode:
+    """``bench``: the baseline, then this executor timed against mutmut, fresh processes
+    and the floor."""
+    entries = check_inputs(config, args, None)
+    prepared = prepare(config, args)
+    stage = baseline(prepared, entries, reuse=False, workers=args.jobs)
+    from audit.devtools import bench
+
+    try:
+        result = bench.run_bench(
+            stage,
+            ExecutorOptions(jobs=args.jobs),
+            tuple(args.region),
+            args.sample,
+            command=bench.mutate_command(args),
+        )
+    finally:
+        stage.close()
+    reports = config.reports_dir
+    bench.write_bench(result, reports / "bench.json")
+    print()
+    print(bench.format_bench(result))
+    print(f"\nfence-audit: benchmark in {reports / 'bench.json'}")
+    return ExitCode.OK
+
+
+def _mutate(config: Config, args: argparse.Namespace) -> ExitCode:
+    """``mutate``: the baseline, then judge, write the reports, run the gate (a shard
     leaves the gate to ``merge``)."""
-    config = stage.prepared.config
+    if args.no_catalogue:  # mutmut's mutants only
+        config = dataclasses.replace(config, catalogue_dir=None)
+    # Every input is checked before the run: a bad one must not cost a download or a baseline.
+    gate = thresholds(config, args)
+    entries = check_inputs(config, args, gate)
+    costs = shard_costs(args)
+    previous = compared(args.compare) if args.compare else None
+    prepared = prepare(config, args)
+    if prepared.changed is not None:
+        print_changed(prepared.changed)
+        if not prepared.changed.lines:
+            return unchanged(prepared, args, entries, previous)
+    stage = baseline(prepared, entries, reuse=not args.no_cache, prime=True, workers=args.jobs)
     options = ExecutorOptions(jobs=args.jobs, use_cache=not args.no_cache)
     looks = pipeline.Looks(random_alone=args.random_alone, deep=args.deep)
     stage_result = pipeline.mutate(
         stage, options, tuple(args.region), args.engine, args.shard, costs, looks
     )
     report_mutation(stage_result)
-    reported = pipeline.report(config, config.reports_dir / "audit.json", previous)
+    reports = prepared.config.reports_dir
+    reported = pipeline.report(prepared.config, reports / "audit.json", previous)
     if args.shard is not None:
         print_shard(reported)
         return ExitCode.OK
-    code = print_gate(pipeline.gate(reported.results, gate, config))
+    code = print_gate(pipeline.gate(reported.results, gate, prepared.config))
     print_report_and_gate(reported, code)
     return code
+
+
+# Each command's handler: the configuration and the command line in, the exit code out.
+COMMANDS: dict[str, Callable[[Config, argparse.Namespace], ExitCode]] = {
+    "coverage": _coverage,
+    "mutate": _mutate,
+    "merge": commands.merge,
+    "report": commands.report,
+    "gate": commands.gate,
+    "accept": commands.accept,
+    "catalogue": commands.catalogue,
+    "bench": _bench,
+    "regions": _regions,
+    "fetch": _fetch,
+    "cache": commands.cache,
+}
+
+
+def run(args: argparse.Namespace) -> ExitCode:
+    """The command's handler, given the configuration the command line selects."""
+    return COMMANDS[args.command](config_from_arguments(args), args)
+
+
+def prepare(
+    config: Config, args: argparse.Namespace, *, writes_reports: bool = True
+) -> pipeline.Prepared:
+    """The run's start, once its inputs are checked: vLLM's tests fetched, the target
+    and the regions resolved (with ``--since``, the changed lines); ``fetch`` and
+    ``regions`` write nothing to the reports."""
+    prepared = pipeline.prepare(
+        config,
+        vllm_src=args.vllm_src,
+        writes_reports=writes_reports,
+        since=getattr(args, "since", None),
+        scope=getattr(args, "scope", scopes.REGIONS),
+    )
+    print(f"fence-audit: vLLM {prepared.vllm.version}; tests from {prepared.source.origin}")
+    print(f"fence-audit: target {prepared.target.module} ({prepared.target.path})")
+    return prepared
 
 
 def baseline(
@@ -362,206 +350,6 @@ def unchanged(
     return ExitCode.OK
 
 
-def check_catalogue(config: Config, vllm_src: Path | None, release: str | None) -> ExitCode:
-    """Apply every entry to the audited source: it must apply, compile and change the
-    named function, or be carried (the release already has that code) or not yet
-    (its ``since`` is later). No test runs, so this is quick enough for a pre-commit
-    check; ``--release V`` checks vLLM V's sdist without installing it."""
-    entries = pipeline.load_entries(config)
-    version, read = _catalogue_source(config, vllm_src, release)
-    path, source = read(config.target)
-    print(
-        f"fence-audit: catalogue {config.catalogue_dir}: {len(entries)} entries; "
-        f"target {path} (vLLM {version})"
-    )
-    regions = resolve_regions(source, config.regions, filename=path, version=version)
-    functions = {region.name: region.functions for region in regions}
-    aliases = catalogue.function_aliases(config.regions)
-    counts = {"ok": 0, "CARRIED": 0, "NOT YET": 0, "STALE": 0}
-    width = max((len(e.id) for e in entries), default=0)
-    for entry in entries:
-        where, text = read(entry.module) if entry.module else (path, source)
-        outcome = catalogue.apply_entry(entry, text, where, version=version, aliases=aliases)
-        if isinstance(outcome, catalogue.Applied):  # its region's functions, or stale
-            outcome = catalogue.outside_region(entry, outcome, functions[entry.region]) or outcome
-        if isinstance(outcome, catalogue.Applied):
-            state, why = "ok", f"{entry.region}, line {outcome.line}"
-        elif isinstance(outcome, catalogue.Carried):
-            state, why = "CARRIED", f"this release carries this bug: {outcome.reason}"
-        elif isinstance(outcome, catalogue.NotYet):
-            state, why = "NOT YET", outcome.reason
-        else:
-            state, why = "STALE", outcome.reason
-        counts[state] += 1
-        print(f"  {state:<7}  {entry.id:<{width}}  {why}")
-    if not entries:
-        print("fence-audit: the catalogue is empty")
-    summary = ", ".join(f"{n} {k.lower()}" for k, n in counts.items() if n)
-    if counts["STALE"]:
-        print(f"fence-audit: {summary}; update the anchors of the STALE entries")
-        return ExitCode.CATALOGUE_STALE
-    print(f"fence-audit: {summary or 'nothing to check'}; no entry is stale")
-    return ExitCode.OK
-
-
-def _catalogue_source(
-    config: Config, vllm_src: Path | None, release: str | None
-) -> tuple[str, Callable[[str], tuple[str, str]]]:
-    """The vLLM version checked, and how to read a module's file name and text: from
-    ``--release``'s sdist, a checkout (its target; other modules installed), or the
-    installed vLLM."""
-    if release is not None:
-        if vllm_src is not None:
-            raise ConfigError(
-                "--release and --vllm-src are two sources for the same code: give one",
-                details={"next": "drop one of them"},
-            )
-        check_cache_dir(config.cache_dir, config.cache_dir_from)  # the sdist goes there
-        cache.mark(config.cache_dir)
-
-        def from_sdist(module: str) -> tuple[str, str]:
-            text = sources.sdist_module(
-                release,
-                module,
-                index_url=config.index_url,
-                cache_dir=config.cache_dir,
-                version_from="--release",
-            )
-            return f"vllm-{release}.tar.gz:{environment.module_relpath(module)}", text
-
-        return release, from_sdist
-    vllm = environment.installed_vllm(config.vllm_version, config.vllm_version_from)
-    checkout = sources.checkout_source(vllm_src, config.target) if vllm_src else None
-
-    def installed(module: str) -> tuple[str, str]:
-        path = checkout.target_file(module) if checkout and module == config.target else None
-        path = path or environment.installed_file(vllm, module)
-        return str(path), path.read_text(encoding="utf-8")
-
-    return vllm.version, installed
-
-
-def from_results(config: Config, args: argparse.Namespace) -> ExitCode:
-    """``report``, ``gate`` and ``accept``: they read a saved audit.json and run nothing."""
-    if args.command == "accept":
-        return accept(config, args)
-    path = resolved(args.results or config.reports_dir / "audit.json", "--results")
-    if args.command == "gate":
-        gate = thresholds(config, args)
-        results = load_results(path)
-        if args.standing is not None:
-            against = standing.path_for(args.standing, results.vllm_version)
-            if against.is_file():
-                return print_comparison(standing.compare(standing.load(against), results))
-            proposed = propose_standing(config, results)
-            print(
-                f"fence-audit: no standing of vLLM {results.vllm_version} in {args.standing}: "
-                f"the thresholds gate it; its first standing is proposed in {proposed}: "
-                f"review it, then add it as {against} in a pull request"
-            )
-        return print_gate(pipeline.gate(results, gate, config))
-    previous = compared(args.compare) if args.compare else None
-    written = pipeline.report(config, path, previous).written
-    print(f"fence-audit: report {written.index}; summary {written.summary}; {written.junit}")
-    print_skipped(written)
-    return ExitCode.OK
-
-
-def accept(config: Config, args: argparse.Namespace) -> ExitCode:
-    """``accept``: record the release's standing from a saved audit.json; a reason
-    already recorded for a mutant left alive is kept unless ``--reason`` gives another."""
-    path = resolved(args.results or config.reports_dir / "audit.json", "--results")
-    results = load_results(path)
-    previous = standing.path_for(args.standings, results.vllm_version)
-    reasons = {}
-    if previous.is_file():
-        reasons = {k: v["reason"] for k, v in standing.load(previous).alive.items()}
-    reasons.update(standing.parse_reasons(args.reason))
-    accepted = standing.of_results(results, reasons)
-    written = standing.record(args.standings, accepted)
-    print(
-        f"fence-audit: the standing of vLLM {accepted.vllm_version} is {written}: "
-        f"{accepted.score.text()}, {len(accepted.alive)} accepted alive, "
-        f"{len(accepted.findings)} findings; review it as a diff in a pull request"
-    )
-    return ExitCode.OK
-
-
-def propose_standing(config: Config, results: AuditResults) -> Path:
-    """The standing ``accept`` would record, written into the reports folder (so a CI
-    artifact holds it); each mutant left alive awaits its reason."""
-    alive = {m.id: standing.UNREVIEWED for m in results.mutants if m.status in standing.ALIVE}
-    path = config.reports_dir / standing.PROPOSED
-    outputs.check_reports_dir(config.reports_dir)
-    outputs.hold(config.reports_dir)
-    outputs.claim(config.reports_dir, standing.PROPOSED)
-    write_text(path, standing.of_results(results, alive).to_json())
-    return path
-
-
-def print_comparison(comparison: standing.Comparison) -> ExitCode:
-    """Print the comparison, add it to a GitHub job's summary, and give its exit code."""
-    print(comparison.render())
-    summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if summary:
-        with Path(summary).open("a", encoding="utf-8") as handle:
-            handle.write(comparison.markdown())
-    return ExitCode.WORSE_THAN_STANDING if comparison.worse else ExitCode.OK
-
-
-def merge(config: Config, args: argparse.Namespace) -> ExitCode:
-    """``merge``: one run's audit.json from its shards', then the reports and the gate,
-    as after ``mutate``; nothing runs."""
-    gate = thresholds(config, args)
-    previous = compared(args.compare) if args.compare else None
-    path = pipeline.merge(config, tuple(args.shards), gate)
-    print(f"fence-audit: merged {len(args.shards)} shards into {path}")
-    reported = pipeline.report(config, path, previous)
-    code = print_gate(pipeline.gate(reported.results, gate, config))
-    print_report_and_gate(reported, code)
-    return code
-
-
-def show_cache(root: Path, prune_days: int | None, max_mb: int | None) -> ExitCode:
-    """``fence-audit cache``: the cache's entries by kind; with ``--prune`` or
-    ``--max-mb``, first remove those no run has used for that many days, then the
-    least recently used until the cache holds at most that many megabytes."""
-    if prune_days is not None or max_mb is not None:
-        max_bytes = None if max_mb is None else max_mb * 1_000_000
-        removed = cache.prune(root, prune_days, max_bytes=max_bytes)
-        kinds = Counter(entry.kind for entry in removed)
-        which = ", ".join(f"{kind} {n}" for kind, n in sorted(kinds.items()))
-        why = []
-        if prune_days is not None:
-            days = f"{prune_days} day" if prune_days == 1 else f"{prune_days} days"
-            why.append(f"no run has used for {days}")
-        if max_mb is not None:
-            why.append(f"least recently used beyond {max_mb} MB")
-        print(
-            f"fence-audit: pruned {_entries(len(removed))} ({' or '.join(why)}): "
-            f"{cache.megabytes(removed)} MB" + (f" ({which})" if which else "")
-        )
-    held = cache.contents(root)
-    print(
-        f"fence-audit: cache {root}: {_entries(len(held.entries))}, "
-        f"{cache.megabytes(held.entries)} MB"
-    )
-    if held.entries:
-        print()
-        print(cache.format_contents(held.entries))
-    if held.foreign:
-        names = first_of([str(p.relative_to(root)) for p in held.foreign], 3)
-        print(
-            f"fence-audit: {len(held.foreign)} paths in the cache are not fence-audit's, "
-            f"left as they are: {names}"
-        )
-    return ExitCode.OK
-
-
-def _entries(n: int) -> str:
-    return f"{n} entry" if n == 1 else f"{n} entries"
-
-
 def print_shard(reported: pipeline.ReportStage) -> None:
     """A shard's run ends without the gate: its score is of a part of the run."""
     shard = reported.results.shard
@@ -571,34 +359,6 @@ def print_shard(reported: pipeline.ReportStage) -> None:
         f"fence-audit: report {reported.written.index}; {shard.described()}; gate not "
         "checked: `fence-audit merge` every shard's audit.json, then the gate runs on the run"
     )
-
-
-def print_skipped(written: Written) -> None:
-    for name, reason in written.skipped.items():
-        print(f"fence-audit: {name} not written: {reason}")
-
-
-def print_report_and_gate(reported: pipeline.ReportStage, code: ExitCode) -> None:
-    verdict = {
-        ExitCode.OK: "gate passed",
-        ExitCode.TIMEOUTS_ONLY: "gate failed on timeouts only (exit 3)",
-    }.get(code, "gate FAILED (exit 2)")
-    overall = reported.results.overall
-    print_skipped(reported.written)
-    print(
-        f"fence-audit: report {reported.written.index}; score {percent_text(overall.score)} "
-        f"({overall.killed} killed of {overall.judged} judged); {verdict}"
-    )
-
-
-def print_gate(outcome: GateResult) -> ExitCode:
-    """The gate's checks, printed; its exit code returned."""
-    skipped = outcome.not_run or outcome.overall_skipped
-    if outcome.checks or skipped or outcome.unchanged or outcome.overall_unchanged:
-        print(outcome.render())
-    else:
-        print("fence-audit: gate: no threshold configured; nothing to check")
-    return outcome.exit_code
 
 
 def judged_counts(

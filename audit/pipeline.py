@@ -32,28 +32,35 @@ from audit.core import cache, environment, outputs
 from audit.core.environment import Fingerprint
 from audit.core.errors import ConfigError, RunInterrupted
 from audit.core.files import write_json
-from audit.core.protocol import MutantStatus
-from audit.judging import alone, deep, executor
 from audit.judging.jobs import ExecutorOptions
-from audit.mutation import catalogue, changes
+from audit.judging.run import deep_look, judge_mutants
+from audit.mutation import changes
 from audit.mutation import scope as scopes
-from audit.mutation.catalogue import Entry
+from audit.mutation.catalogue_entries import Entry, load_catalogue
+from audit.mutation.catalogue_mutants import CatalogueMutants
 from audit.mutation.equivalents import (
     Equivalent,
     apply_equivalents,
     listed_records,
     load_equivalents,
 )
-from audit.mutation.generation import generate_cached
-from audit.mutation.mutants import MutantSet, build_mutants, function_hashes
+from audit.mutation.mutants import MutantSet
+from audit.mutation.run_mutants import (
+    catalogue_mutants,
+    function_hashes_of,
+    mutmut_mutants,
+    prime_mutations,
+    run_regions,
+)
 from audit.rendering.reports import Written, write_reports
 from audit.results import scores as results
 from audit.results import shards
 from audit.results.gate import GateResult, check_region_names, evaluate
 from audit.results.merge import merged_results
-from audit.results.report_model import AuditResults, load_results
+from audit.results.report_model import load_results
 from audit.results.scores import Tally
 from audit.results.shards import Shard, ShardPlan
+from audit.results.view import AuditResults
 from audit.setup import sources
 from audit.setup.config import Config, GateThresholds, SuitePath
 from audit.setup.findings import Finding, load_findings
@@ -128,7 +135,7 @@ class Looks:
 class MutationStage:
     coverage: CoverageStage
     mutant_set: MutantSet  # mutmut's
-    catalogue: catalogue.CatalogueMutants
+    catalogue: CatalogueMutants
     mutants: tuple[Mutant, ...]  # all judged: mutmut's in-region ones, then the catalogue's
     verdicts: dict[str, MutantResult]
     tallies: dict[str, Tally]
@@ -208,7 +215,7 @@ def load_entries(config: Config) -> tuple[Entry, ...]:
         return ()
     entries = tuple(
         dataclasses.replace(e, module="") if e.module == config.target else e
-        for e in catalogue.load_catalogue(folder)
+        for e in load_catalogue(folder)
     )
     names = {region.name for region in config.regions}
     for entry in entries:
@@ -236,8 +243,8 @@ def coverage(
     """The baseline under coverage. ``reuse``: read it from the baseline cache when
     every input is as it was (no test process then starts); a run is kept there
     either way. ``prime``: mutants follow, so their generation is done while the
-    test process starts (:func:`prime_mutations`). ``workers``: processes the
-    baseline's tests are dealt to."""
+    test process starts (:func:`~audit.mutation.run_mutants.prime_mutations`).
+    ``workers``: processes the baseline's tests are dealt to."""
     config = prepared.config
     work = outputs.scratch(config.reports_dir)
     outputs.claim(config.reports_dir, "logs/baseline.log")  # written by start_baseline
@@ -344,9 +351,9 @@ def _mutate(
         for e in prepared.catalogue
         if e.module and e.module != config.target
     }
-    entries = _catalogue_mutants(stage, regions, source, others)
+    entries = catalogue_mutants(prepared, stage.coverage_map, regions, source, others)
     every_mutant = (*mutant_set.mutants, *entries.mutants)  # the run's
-    hashes = _function_hashes(source, every_mutant, others)
+    hashes = function_hashes_of(source, every_mutant, others)
     # What this process judges: every mutant of the run, or those dealt to its shard.
     durations = stage.coverage_map.durations if costs is None else costs
     plan, mutants = _deal(shard, every_mutant, durations)
@@ -354,7 +361,7 @@ def _mutate(
     outputs.claim(config.reports_dir, log, "audit.json")  # listed before they are written
     started = time.monotonic()
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
-    verdicts, random, incomplete, mutants = _judge(
+    verdicts, random, incomplete, mutants = judge_mutants(
         stage, mutants, hashes, options, engine, looks.random_alone
     )
     duration = time.monotonic() - started
@@ -370,7 +377,7 @@ def _mutate(
     )
     deeper, stopped = None, False
     if looks.deep and incomplete is None:
-        deeper, stopped = _deep_look(stage, mutants, hashes, verdicts, options)
+        deeper, stopped = deep_look(stage, mutants, hashes, verdicts, options)
     after = environment.verify_untouched(prepared.vllm, config.target)
     names = [region.name for region in regions]
     marker = None
@@ -430,98 +437,6 @@ def _mutate(
     )
 
 
-def _judge(
-    stage: CoverageStage,
-    mutants: tuple[Mutant, ...],
-    hashes: Mapping[str, str],
-    options: ExecutorOptions,
-    engine: str,
-    random_alone: bool,
-) -> tuple[
-    dict[str, MutantResult],
-    dict[str, MutantResult] | None,
-    tuple[int, int] | None,
-    tuple[Mutant, ...],
-]:
-    """The verdicts, the random workloads' second judgements (None unless asked for
-    and whole), (judged, of) for an interrupted run, and the mutants judged."""
-    prepared = stage.prepared
-    config = prepared.config
-    if engine == "mutmut":
-        return _judge_with_mutmut(stage, mutants, options), None, None, mutants
-    incomplete: tuple[int, int] | None = None
-    random: dict[str, MutantResult] | None = None
-    # --random-alone: the second judgements are more jobs of the same executor.
-    workloads = alone.Workloads(config.random_workloads, config.random_profile)
-    seconds = alone.second_judgements(mutants, workloads) if random_alone else ()
-    try:
-        verdicts = executor.judge(
-            config,
-            stage.suite,
-            prepared.target,
-            (*mutants, *seconds),
-            hashes,
-            stage.coverage_map.durations,
-            prepared.vllm.version,
-            options,
-            stage.warm,
-            # Every judgement runs the random workloads under their judging profile
-            # (no shrinking): a kill is their first failure, and shrinking it cost
-            # a mutant of the pull-request audit its verdict (the backstop, 60 s).
-            env=dict.fromkeys((m.id for m in (*mutants, *seconds)), workloads.environment()),
-        )
-    except executor.Interrupted as interrupted:
-        # The results so far are written, marked incomplete (only the mutants
-        # judged, every tally recomputed from them); the cache resumes the rest.
-        verdicts = interrupted.verdicts
-        own = {k for k in verdicts if alone.SUFFIX not in k}
-        judged = tuple(m for m in mutants if m.id in own)
-        incomplete = (len(judged), len(mutants))
-        mutants = judged
-    verdicts, second = alone.split(verdicts)
-    if random_alone and incomplete is None:  # an interrupted run's would be partial
-        random = second
-    return verdicts, random, incomplete, mutants
-
-
-def _deep_look(
-    stage: CoverageStage,
-    mutants: tuple[Mutant, ...],
-    hashes: Mapping[str, str],
-    verdicts: Mapping[str, MutantResult],
-    options: ExecutorOptions,
-) -> tuple[dict[str, MutantResult] | None, bool]:
-    """``--deep``: the deep verdicts of the fence's survivors, by mutant id; and
-    whether it was interrupted (then None: a part would pass for the whole)."""
-    prepared = stage.prepared
-    config = prepared.config
-    look = config.deep
-    looked = deep.second_looks(mutants, verdicts, alone.Workloads(config.random_workloads), look)
-    if not looked:
-        return {}, False
-    print(
-        f"fence-audit: deep second look at {len(looked)} survivors: the random workloads "
-        f"under profile {look.profile!r}, up to {look.seconds:g} s of CPU each"
-    )
-    try:
-        found = executor.judge(
-            config,
-            stage.suite,
-            prepared.target,
-            looked,
-            hashes,
-            stage.coverage_map.durations,
-            prepared.vllm.version,
-            deep.options(look, options),
-            None,
-            env=dict.fromkeys((m.id for m in looked), deep.environment(look)),
-            whole_failure=True,
-        )
-    except executor.Interrupted:
-        return None, True  # the deep verdicts so far are cached: the next run resumes
-    return deep.by_mutant(found, looked, look), False
-
-
 def _deal(
     shard: Shard | None, mutants: tuple[Mutant, ...], durations: Mapping[str, float]
 ) -> tuple[ShardPlan | None, tuple[Mutant, ...]]:
@@ -531,147 +446,6 @@ def _deal(
     plan = shards.plan(shard, mutants, durations)
     dealt = set(plan.mutants)
     return plan, tuple(m for m in mutants if m.id in dealt)
-
-
-def _catalogue_mutants(
-    stage: CoverageStage, regions: tuple[Region, ...], source: str, others: Mapping[str, Path]
-) -> catalogue.CatalogueMutants:
-    """The catalogue's entries of ``regions`` applied (in pull-request mode, those on
-    the change); ``others``: the files of the other modules entries name."""
-    prepared = stage.prepared
-    entries = catalogue.build_catalogue_mutants(
-        prepared.catalogue,
-        source,
-        str(prepared.target.path),
-        regions,
-        stage.coverage_map.lines,
-        others,
-        stage.coverage_map.durations,
-        version=prepared.vllm.version,
-        aliases=catalogue.function_aliases(prepared.config.regions),
-    )
-    if prepared.changed is not None:
-        entries = changes.changed_catalogue(entries, prepared.changed)
-    return entries
-
-
-def _function_hashes(
-    source: str, mutants: Sequence[Mutant], others: Mapping[str, Path]
-) -> dict[str, str]:
-    """The sha256 of each mutated function's source: the target's by name, another
-    module's as ``module:name``."""
-    hashes = function_hashes(source, {m.function for m in mutants if not m.module})
-    for module, path in others.items():
-        functions = {m.function for m in mutants if m.module == module}
-        text = path.read_text(encoding="utf-8")
-        hashes.update({f"{module}:{f}": h for f, h in function_hashes(text, functions).items()})
-    return hashes
-
-
-def _judge_with_mutmut(
-    stage: CoverageStage, mutants: Sequence[Mutant], options: ExecutorOptions
-) -> dict[str, MutantResult]:
-    """``--engine mutmut``: mutmut's own runner judges its mutants; it cannot apply
-    the catalogue's, which are errors."""
-    stage.close()
-    from audit.mutation import mutmut_adapter  # libcst and mutmut: imported when used
-
-    prepared = stage.prepared
-    own = tuple(m for m in mutants if m.origin != "catalogue")
-    verdicts = mutmut_adapter.judge(
-        prepared.config, stage.suite, prepared.target, own, options.jobs
-    )
-    for mutant in mutants:
-        if mutant.origin == "catalogue":
-            verdicts[mutant.id] = MutantResult(
-                mutant.id, MutantStatus.ERROR, failure="catalogue entries need --engine fork"
-            )
-    return verdicts
-
-
-def run_regions(prepared: Prepared, only: tuple[str, ...]) -> tuple[Region, ...]:
-    """The regions a run judges: all, or those named in ``only`` (--region); in
-    pull-request mode the group of the changed code outside them always."""
-    return tuple(
-        r
-        for r in prepared.regions
-        if not only or r.name in only or (prepared.changed and r.name == changes.OUTSIDE)
-    )
-
-
-def mutmut_mutants(
-    prepared: Prepared,
-    regions: tuple[Region, ...],
-    source: str,
-    lines_to_tests: dict[int, tuple[str, ...]],
-) -> MutantSet:
-    if prepared.changed is not None:
-        return _changed_mutants(prepared, regions, source, lines_to_tests)
-    place = None  # each mutant in its region
-    if prepared.scope == scopes.FILE:  # what no region holds goes apart
-        fence = tuple(r for r in prepared.regions if r.name != scopes.OUTSIDE_REGIONS)
-        place = scopes.placer(fence, (r.name for r in regions))
-    return build_mutants(
-        source,
-        str(prepared.target.path),
-        regions,
-        lines_to_tests,
-        functions=mutated_functions(prepared, source, regions),
-        place=place,
-        cache_dir=mutations_cache(prepared.config),
-    )
-
-
-def mutated_functions(
-    prepared: Prepared, source: str, regions: tuple[Region, ...]
-) -> tuple[str, ...]:
-    """The functions whose mutmut mutants a run judges: those holding changed lines
-    (pull-request mode), every function of the module (``--scope file``), or the
-    functions of ``regions``."""
-    if prepared.changed is not None:
-        return changes.functions_holding(source, prepared.changed.lines)
-    if prepared.scope == scopes.FILE:
-        return tuple(scopes.all_functions(source))
-    return tuple(sorted({f for region in regions for f in region.functions}))
-
-
-def _changed_mutants(
-    prepared: Prepared,
-    regions: tuple[Region, ...],
-    source: str,
-    lines_to_tests: dict[int, tuple[str, ...]],
-) -> MutantSet:
-    """Pull-request mode: mutmut's mutants of the functions holding changed lines, kept
-    when they lie on one, in their region (one of ``regions``) or in changes.OUTSIDE."""
-    changed = prepared.changed
-    assert changed is not None
-    fence = tuple(r for r in prepared.regions if r.name != changes.OUTSIDE)
-    return build_mutants(
-        source,
-        str(prepared.target.path),
-        regions,
-        lines_to_tests,
-        functions=mutated_functions(prepared, source, regions),
-        place=changes.placer(changed, fence, (r.name for r in regions)),
-        near=changed.lines,
-        cache_dir=mutations_cache(prepared.config),
-    )
-
-
-def prime_mutations(prepared: Prepared) -> None:
-    """Make mutmut's mutations of every function a run of ``prepared`` may judge, into
-    the mutations cache, so that :func:`mutmut_mutants` reads them back. Generation
-    needs no baseline, so this runs while the baseline's test process imports vLLM:
-    on a cold cache, seconds of the parent's work off the run's critical path."""
-    source = prepared.target.path.read_text(encoding="utf-8")
-    # every region's: --region only narrows which of them are judged
-    functions = mutated_functions(prepared, source, prepared.regions)
-    generate_cached(source, functions, mutations_cache(prepared.config))
-
-
-def mutations_cache(config: Config) -> Path:
-    """Where mutmut's mutations of each function are kept, by the function's text."""
-    return config.cache_dir / "mutations"
 
 
 def unchanged(

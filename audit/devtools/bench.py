@@ -44,14 +44,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from audit import pipeline
 from audit.core.files import write_json
 from audit.core.hermetic import child_environment, prepare_hf_home
 from audit.core.outputs import claim
 from audit.core.protocol import MutantStatus, PlainRunSpec, apply_edits, write_spec
 from audit.judging import executor
 from audit.judging.jobs import ExecutorOptions
-from audit.mutation import mutmut_adapter
+from audit.mutation import mutmut_adapter, run_mutants
 from audit.pipeline import CoverageStage
 from audit.setup.config import Config
 from audit.setup.model import Mutant, MutantResult
@@ -162,11 +161,11 @@ def run_bench(
     # A private cache: the benchmark judges every mutant and leaves the real cache alone.
     config = dataclasses.replace(prepared.config, cache_dir=work / "cache")
     shutil.rmtree(config.cache_dir / "mutations", ignore_errors=True)  # generation cold
-    regions = pipeline.run_regions(prepared, only)
+    regions = run_mutants.run_regions(prepared, only)
     source = prepared.target.path.read_text()
 
     started = time.monotonic()
-    mutant_set = pipeline.mutmut_mutants(
+    mutant_set = run_mutants.mutmut_mutants(
         dataclasses.replace(prepared, config=config), regions, source, stage.coverage_map.lines
     )
     generation_s = time.monotonic() - started

@@ -1,9 +1,11 @@
 """The hunt (``nox -s hunt``): the fence suite's random workloads on unmutated vLLM, time-boxed.
 
-The runner is ``tests/fence/fence_hunt.py``: it drives the fence suite's state
-machines (``MACHINES``) under the ``long`` profile, in rounds, until the time box is up
-or a machine raises. This module is the part that needs neither vLLM
-nor Hypothesis: the hunt's command line, its result, ``hunt.md`` and the exit code.
+The runner is ``tests/fence/fence_hunt.py``: it drives the state machines the fence
+suite registers for the hunt (``tests/fence/fence_machines.py``, ``MACHINES``) under the
+``long`` profile, in rounds, until the time box is up or a machine raises. This module
+is the part that needs neither vLLM, nor Hypothesis, nor the suite: the hunt's command
+line, its result (which names the machines that ran, and their files), ``hunt.md`` and
+the exit code.
 
 A violation is *new* when the machine raises: the known vLLM bugs are tolerated by the
 machine itself (``tolerate=``, ``docs/findings.toml``), so whatever it raises is either
@@ -26,16 +28,6 @@ from audit.core.files import write_text
 from audit.setup.config import Config, config_from_arguments
 
 REPORT = "hunt.md"
-# The state machines a round runs, in order, each with the round's seed: (class, file).
-# A release where a known bug stops every program of one leaves it out (the machines
-# that ran are in the result).
-MACHINES = (
-    ("FenceMachine", "tests/fence/test_fence_stateful.py"),
-    ("RemoteWindowMachine", "tests/fence/test_fence_stateful.py"),
-    ("WindowMachine", "tests/fence/test_fence_stateful.py"),
-    ("RecurrentMachine", "tests/fence/test_fence_recurrent.py"),
-    ("SpeculativeMachine", "tests/fence/test_fence_stateful.py"),
-)
 DEFAULT_SECONDS = 600
 SECONDS_ENV = "FENCE_AUDIT_HUNT_SECONDS"
 # Programs per round: one Hypothesis run each. Small enough that the hunt overruns its
@@ -77,12 +69,7 @@ class Finding:
     where: str  # the innermost frames of the traceback
     round: int  # from 1
     seed: int  # that round's seed
-    machine: str = MACHINES[0][0]  # the state machine that raised (a class of MACHINES)
-
-    @property
-    def source(self) -> str:
-        """The file of the machine that raised."""
-        return dict(MACHINES)[self.machine]
+    machine: str  # the state machine that raised: one of the result's machines
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,9 +82,11 @@ class HuntResult:
     steps: int  # steps per program
     rounds: int  # rounds started
     programs: int  # programs the machine ran (with a finding: shrinking included)
+    # the state machines a round ran, in order, each (class, file from the project's
+    # root): those the suite registers and this release runs
+    machines: tuple[tuple[str, str], ...]
     finding: Finding | None = None
     interrupted: bool = False
-    machines: tuple[str, ...] = tuple(name for name, _ in MACHINES)  # those that ran
     # the string hash seed the process ran under; None: not one the hunt chose (a
     # process it did not start hashes by a seed of its own, which no command replays)
     hash_seed: int | None = None
@@ -281,7 +270,7 @@ def render(result: HuntResult) -> str:
         f"- vLLM: {_text(result.vllm_version)}",
         f"- profile: `{PROFILE}`, {result.steps} steps per program, in rounds of "
         f"{result.round_examples} programs of each machine ("
-        + ", ".join(f"`{name}` of `{path}`" for name, path in MACHINES if name in result.machines)
+        + ", ".join(f"`{name}` of `{path}`" for name, path in result.machines)
         + "); one Hypothesis run per machine and round, no example database",
         f"- time box: {result.seconds} s; ran {result.elapsed:.0f} s"
         + (" (shrinking included)" if finding else ""),
@@ -320,7 +309,7 @@ def render(result: HuntResult) -> str:
         "## The shrunk program",
         "",
         "Hypothesis' reproduction of the state machine's steps "
-        f"(`{finding.machine}` of `{finding.source}`):",
+        f"(`{finding.machine}` of `{dict(result.machines)[finding.machine]}`):",
         "",
         *_fenced(finding.program or "(Hypothesis printed no program)", "python"),
         "",

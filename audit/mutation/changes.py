@@ -23,7 +23,7 @@ from typing import Any
 
 from audit.core.errors import ConfigError
 from audit.core.inputs import resolved
-from audit.mutation.catalogue import CatalogueMutants
+from audit.mutation.catalogue_mutants import CatalogueMutants
 from audit.setup.regions import Region, Span, module_functions
 
 # The group of the changed code that lies in no region (or straddles one's edge): a

@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 
 from audit.core.protocol import MutantStatus
 from audit.core.text import visible
-from audit.results.report_model import AuditResults, MutantRecord
+from audit.results.view import AuditResults, MutantRecord
 
 _SKIPPED = {
     "stale": "STALE catalogue entry",

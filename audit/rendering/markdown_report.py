@@ -14,8 +14,8 @@ from audit.core.protocol import MutantStatus
 from audit.core.text import visible, visible_lines
 from audit.judging import alone, deep
 from audit.mutation.scope import FILE, OUTSIDE_REGIONS
-from audit.results.report_model import AuditResults, ChangeRecord, MutantRecord
 from audit.results.scores import Tally
+from audit.results.view import AuditResults, ChangeRecord, MutantRecord
 from audit.setup.model import percent_text
 
 # GitHub folds a step summary above 1 MiB; long diffs are cut well below that.

@@ -21,9 +21,10 @@ from audit.core.files import write_text
 from audit.core.protocol import is_project_test
 from audit.rendering.html_report import CSS
 from audit.results import standing
-from audit.results.report_model import AuditResults, load_results
-from audit.setup.config import release_key
+from audit.results.report_model import load_results
+from audit.results.view import AuditResults
 from audit.setup.model import percent_text
+from audit.setup.values import release_key
 
 STATUS_FILE = "status.json"  # {"exit_code": N} of the release's audit, by nox -s releases
 PAGES = ("index.html", "releases.json", "releases.md")

@@ -22,7 +22,7 @@ from audit.rendering.html_report import region_file, render_index, render_region
 from audit.rendering.junit_report import render_junit
 from audit.rendering.markdown_report import render_summary
 from audit.rendering.stryker import SourceNotHere, render_mutation_report
-from audit.results.report_model import AuditResults
+from audit.results.view import AuditResults
 
 # Files by their path under the reports folder, from this run (and an older one, for
 # the changes shown in summary.md).

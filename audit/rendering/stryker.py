@@ -30,8 +30,8 @@ from audit.core import environment
 from audit.core.errors import AuditError
 from audit.core.files import json_text
 from audit.core.protocol import MutantStatus
-from audit.results.report_model import AuditResults, MutantRecord
 from audit.results.scores import AUDIT_FORMAT
+from audit.results.view import AuditResults, MutantRecord
 
 STRYKER_SCHEMA_VERSION = "2"
 THRESHOLDS = {"high": 80, "low": 60}  # Stryker's own defaults

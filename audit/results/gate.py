@@ -23,8 +23,8 @@ from pathlib import Path
 from audit.core.errors import ConfigError, ExitCode, ResultsIncomplete
 from audit.mutation.changes import OUTSIDE
 from audit.mutation.scope import APART
-from audit.results.report_model import AuditResults
 from audit.results.scores import Tally
+from audit.results.view import AuditResults
 from audit.setup.config import GateThresholds
 from audit.setup.model import Fraction, percent_text
 

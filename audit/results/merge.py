@@ -37,9 +37,10 @@ from audit.core.errors import ConfigError, ResultsIncomplete
 from audit.core.inputs import resolved
 from audit.core.text import first_of
 from audit.mutation.scope import APART
-from audit.results.report_model import AuditResults, ShardRecord, load_results, tally_of
+from audit.results.report_model import load_results
 from audit.results.schema import LATER_TALLY_FIELDS, TALLY_FIELDS
 from audit.results.scores import score_fields
+from audit.results.view import AuditResults, ShardRecord, tally_of
 
 _ONE_RUN = (
     "merge the audit.json of every shard of one run: `fence-audit mutate --shard K/N` "

@@ -69,7 +69,7 @@ from typing import Any
 from audit import __version__
 from audit.core.files import write_json
 from audit.core.protocol import MutantStatus, is_project_test
-from audit.mutation.catalogue import CatalogueMutants
+from audit.mutation.catalogue_mutants import CatalogueMutants
 from audit.mutation.mutants import OutOfRegion
 from audit.mutation.scope import APART
 from audit.setup.config import DeepLook

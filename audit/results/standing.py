@@ -23,7 +23,7 @@ from typing import Any
 from audit.core.errors import ConfigError, ResultsIncomplete
 from audit.core.files import write_text
 from audit.core.protocol import MutantStatus
-from audit.results.report_model import AuditResults
+from audit.results.view import AuditResults
 from audit.setup.model import Fraction, percent_text
 
 FORMAT = 1

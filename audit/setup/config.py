@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import tomllib
 import urllib.parse
 from dataclasses import dataclass
@@ -20,58 +19,14 @@ from typing import Any, Literal
 
 from audit.core.errors import ConfigError
 from audit.core.inputs import known_keys, read_toml, resolved
+from audit.setup.region_specs import RegionSpec, parse_regions
+from audit.setup.values import expect, release_version, string, strings
 
 DEFAULT_CACHE_ENV = "FENCE_AUDIT_CACHE"
 INDEX_URL_ENV = "FENCE_AUDIT_INDEX_URL"
 VLLM_VERSION_ENV = "FENCE_AUDIT_VLLM_VERSION"  # the noxfile installs this one too
 
 SuiteRoot = Literal["vllm", "project"]
-StatementPart = Literal["statement", "header"]
-
-
-@dataclass(frozen=True, slots=True)
-class StatementSelector:
-    """Statements whose normalised text (or header) contains ``match``.
-
-    ``alternatives`` are tried in order when ``match`` selects nothing: the same code
-    as other releases write it. ``since`` is the vLLM release that introduced the
-    statement: before it, a statement no alternative finds is *absent*, not an error.
-    """
-
-    match: str
-    part: StatementPart = "statement"
-    containing: str = ""  # and whose whole text (body included) contains this
-    alternatives: tuple[str, ...] = ()
-    since: str = ""
-
-    @property
-    def anchors(self) -> tuple[str, ...]:
-        return (self.match, *self.alternatives)
-
-
-@dataclass(frozen=True, slots=True)
-class Selection:
-    """A function of the target module, whole or by some of its statements.
-
-    ``alternatives`` name the same function as other releases do, tried in order
-    after ``function``; ``since`` as for a statement.
-    """
-
-    function: str
-    statements: tuple[StatementSelector, ...] = ()
-    alternatives: tuple[str, ...] = ()
-    since: str = ""
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return (self.function, *self.alternatives)
-
-
-@dataclass(frozen=True, slots=True)
-class RegionSpec:
-    name: str
-    description: str
-    selections: tuple[Selection, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,7 +181,7 @@ def load_config(
     if pyproject is not None:
         source = str(pyproject)
         data = read_toml(pyproject, "configuration file")
-        tool = _expect(data.get("tool", {}), dict, "[tool]", source)
+        tool = expect(data.get("tool", {}), dict, "[tool]", source)
         if table_required and "fence-audit" not in tool:
             near = sorted(k for k in tool if k.replace("_", "-").lower() == "fence-audit")
             raise ConfigError(
@@ -238,7 +193,7 @@ def load_config(
                     "the defaults",
                 },
             )
-        user = _expect(tool.get("fence-audit", {}), dict, "[tool.fence-audit]", source)
+        user = expect(tool.get("fence-audit", {}), dict, "[tool.fence-audit]", source)
         table = merge_tables(table, user, source)
         project_dir = project_dir or pyproject.parent
     config = parse_config(table, source=source, project_dir=project_dir or Path.cwd())
@@ -274,7 +229,7 @@ def merge_tables(base: dict[str, Any], user: dict[str, Any], source: str) -> dic
     for key, value in user.items():
         if key in _TABLES:
             where = f"[tool.fence-audit.{key}]"
-            _expect(value, dict, where, source)
+            expect(value, dict, where, source)
             known_keys(value, _TABLES[key], where, config=source)
             merged[key] = {**base.get(key, {}), **value}
         else:  # "regions" included: a user's regions replace the defaults whole
@@ -285,14 +240,14 @@ def merge_tables(base: dict[str, Any], user: dict[str, Any], source: str) -> dic
 def parse_config(table: dict[str, Any], *, source: str, project_dir: Path) -> Config:
     known_keys(table, _TOP_KEYS, "[tool.fence-audit]", config=source)
     suite_table = table.get("suite", {})
-    _expect(suite_table, dict, "suite", source)
+    expect(suite_table, dict, "suite", source)
     known_keys(suite_table, _SUITE_KEYS, "suite", config=source)
 
-    reports = Path(_string(table, "reports", source))
+    reports = Path(string(table, "reports", source))
     cache = table.get("cache-dir")
     if cache:
         cache_dir, cache_from = (
-            Path(_expect(cache, str, "cache-dir", source)),
+            Path(expect(cache, str, "cache-dir", source)),
             f"cache-dir in {source}",
         )
     else:
@@ -300,30 +255,30 @@ def parse_config(table: dict[str, Any], *, source: str, project_dir: Path) -> Co
     if os.environ.get(VLLM_VERSION_ENV):
         version, version_from = os.environ[VLLM_VERSION_ENV], f"${VLLM_VERSION_ENV}"
     else:
-        version = _string(table, "vllm-version", source)
+        version = string(table, "vllm-version", source)
         version_from = f"[tool.fence-audit] vllm-version in {source}"
     return Config(
         source=source,
         project_dir=project_dir,
         vllm_version=release_version(version, version_from),
         vllm_version_from=version_from,
-        target=_string(table, "target", source),
+        target=string(table, "target", source),
         reports_dir=reports if reports.is_absolute() else project_dir / reports,
         cache_dir=cache_dir,
         cache_dir_from=cache_from,
         index_url=_index_url(table, source),
         suite=tuple(
-            parse_suite_path(p, source) for p in _strings(suite_table, "paths", source, "suite")
+            parse_suite_path(p, source) for p in strings(suite_table, "paths", source, "suite")
         ),
-        offline_models=_strings(suite_table, "offline-models", source, "suite"),
+        offline_models=strings(suite_table, "offline-models", source, "suite"),
         plugins=tuple(
-            parse_suite_path(p, source) for p in _strings(suite_table, "plugins", source, "suite")
+            parse_suite_path(p, source) for p in strings(suite_table, "plugins", source, "suite")
         ),
         random_workloads=tuple(
             parse_suite_path(p, source)
-            for p in _strings(suite_table, "random-workloads", source, "suite")
+            for p in strings(suite_table, "random-workloads", source, "suite")
         ),
-        random_profile=_expect(
+        random_profile=expect(
             suite_table.get("random-profile", ""), str, "suite.random-profile", source
         ),
         regions=parse_regions(table.get("regions", {}), source),
@@ -340,7 +295,7 @@ def _index_url(table: dict[str, Any], source: str) -> str:
     typo is a usage error before anything runs, not a failed download."""
     url, origin = os.environ.get(INDEX_URL_ENV, ""), f"${INDEX_URL_ENV}"
     if not url:
-        url, origin = _string(table, "index-url", source), f"index-url in {source}"
+        url, origin = string(table, "index-url", source), f"index-url in {source}"
     try:
         parts = urllib.parse.urlsplit(url)
     except ValueError:  # e.g. "http://[::1": an unclosed IPv6 address
@@ -359,12 +314,12 @@ def _index_url(table: dict[str, Any], source: str) -> str:
 def _path(value: Any, key: str, source: str, project_dir: Path) -> Path | None:
     if value is None:
         return None
-    path = Path(_expect(value, str, key, source))
+    path = Path(expect(value, str, key, source))
     return path if path.is_absolute() else project_dir / path
 
 
 def parse_deep(table: Any, source: str) -> DeepLook:
-    _expect(table, dict, "deep", source)
+    expect(table, dict, "deep", source)
     known_keys(table, _DEEP_KEYS, "deep", config=source)
     seconds = table.get("seconds", DEFAULT_DEEP_SECONDS)
     number = not isinstance(seconds, bool) and isinstance(seconds, int | float)
@@ -376,14 +331,14 @@ def parse_deep(table: Any, source: str) -> DeepLook:
             f"{DEEP_SECONDS_MOST:,}, not {shown or repr(seconds)}",
             details={"config": source, "next": "e.g. deep = { seconds = 300 }"},
         )
-    profile = _string(table, "profile", source, "deep") if "profile" in table else "deep"
+    profile = string(table, "profile", source, "deep") if "profile" in table else "deep"
     return DeepLook(profile=profile, seconds=float(seconds))
 
 
 def parse_gate(table: Any, source: str) -> GateThresholds:
-    _expect(table, dict, "gate", source)
+    expect(table, dict, "gate", source)
     known_keys(table, _GATE_KEYS, "gate", config=source)
-    regions = _expect(table.get("regions", {}), dict, "gate.regions", source)
+    regions = expect(table.get("regions", {}), dict, "gate.regions", source)
     return GateThresholds(
         fail_under=percentage(table.get("fail-under", 0), "gate.fail-under", source),
         regions=tuple(
@@ -433,194 +388,3 @@ def parse_suite_path(text: str, source: str = "command line") -> SuitePath:
         )
     optional = path.endswith("?")
     return SuitePath(root=root, path=path.rstrip("?"), optional=optional)  # type: ignore[arg-type]
-
-
-# A region's name is a file name of the reports (regions/NAME.html) and an anchor:
-# letters, digits, '_', '-' and '.', not first.
-REGION_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
-
-
-def parse_regions(table: Any, source: str) -> tuple[RegionSpec, ...]:
-    _expect(table, dict, "regions", source)
-    regions = []
-    for name, body in table.items():
-        where = f"regions.{name}"
-        if not REGION_NAME.fullmatch(name):
-            raise ConfigError(
-                f"region name {name!r} is not one fence-audit can name a report page after",
-                details={
-                    "config": source,
-                    "next": "name it with letters, digits, '_', '-' and '.' (not first), "
-                    "at most 100 characters",
-                },
-            )
-        _expect(body, dict, where, source)
-        known_keys(body, {"description", "select"}, where, config=source)
-        selects = body.get("select", [])
-        _expect(selects, list, f"{where}.select", source)
-        if not selects:
-            raise ConfigError(
-                f"region {name!r} selects nothing",
-                details={"config": source, "next": f"add [[{where}.select]] entries"},
-            )
-        regions.append(
-            RegionSpec(
-                name=name,
-                description=str(body.get("description", "")),
-                selections=tuple(_parse_selection(s, f"{where}.select", source) for s in selects),
-            )
-        )
-    if not regions:
-        raise ConfigError(
-            "no regions configured",
-            details={
-                "config": source,
-                "next": "add [tool.fence-audit.regions.NAME] tables with [[...select]] entries, "
-                "or remove the empty [tool.fence-audit.regions] to keep the built-in regions",
-            },
-        )
-    return tuple(regions)
-
-
-def _parse_selection(body: Any, where: str, source: str) -> Selection:
-    _expect(body, dict, where, source)
-    known_keys(body, {"function", "statements", "since"}, where, config=source)
-    names = _alternatives(body, "function", where, source)
-    selectors: list[StatementSelector] = []
-    for item in body.get("statements", []):
-        if isinstance(item, str):
-            selectors.append(StatementSelector(match=item))
-            continue
-        _expect(item, dict, f"{where}.statements", source)
-        known_keys(
-            item, {"match", "part", "containing", "since"}, f"{where}.statements", config=source
-        )
-        part = item.get("part", "statement")
-        if part not in ("statement", "header"):
-            raise ConfigError(
-                f"{where}.statements: part must be 'statement' or 'header', not {part!r}",
-                details={
-                    "config": source,
-                    "function": names[0],
-                    "next": 'write part = "statement" or part = "header"',
-                },
-            )
-        matches = _alternatives(item, "match", f"{where}.statements", source)
-        selectors.append(
-            StatementSelector(
-                match=matches[0],
-                part=part,
-                containing=str(item.get("containing", "")),
-                alternatives=matches[1:],
-                since=_since(item, f"{where}.statements", source),
-            )
-        )
-    return Selection(
-        function=names[0],
-        statements=tuple(selectors),
-        alternatives=names[1:],
-        since=_since(body, where, source),
-    )
-
-
-def _alternatives(table: dict[str, Any], key: str, where: str, source: str) -> tuple[str, ...]:
-    """A string, or a non-empty list of strings tried in order (the same code as
-    different releases write it)."""
-    value = table.get(key)
-    if isinstance(value, str):
-        return (_string(table, key, source, where),)
-    if isinstance(value, list) and value and all(isinstance(v, str) and v.strip() for v in value):
-        return tuple(value)
-    raise ConfigError(
-        f"{where}.{key} must be a string or a list of strings, not {value!r}",
-        details={"config": source, "next": "give the text, or its alternatives in order"},
-    )
-
-
-def _since(table: dict[str, Any], where: str, source: str) -> str:
-    value = table.get("since", "")
-    if value and release_key(value) is None:
-        raise ConfigError(
-            f'{where}.since must be a vLLM release such as "0.29.0", not {value!r}',
-            details={
-                "config": source,
-                "next": "give the release that brought the code, or remove since",
-            },
-        )
-    return str(value)
-
-
-# A release as PyPI lists vLLM's: 0.33.0, 0.34.0rc1, 0.10.1.post1 (no local "+..." part).
-_RELEASE = re.compile(r"\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?")
-
-
-def is_release(text: str) -> bool:
-    """Whether ``text`` is a release's version, as PyPI lists vLLM's (it names files and
-    folders: vllm-V.tar.gz, .nox/lean-vllm-V)."""
-    return _RELEASE.fullmatch(text) is not None
-
-
-def release_version(text: str, where: str) -> str:
-    """``text`` when it is a release's version (:func:`is_release`); a ConfigError
-    naming ``where`` it came from (its ``set by`` detail) otherwise."""
-    if not is_release(text):
-        raise ConfigError(
-            f"the vLLM version {text!r} is not a release",
-            details={"set by": where, "next": "give a release as PyPI lists it, such as 0.33.0"},
-        )
-    return text
-
-
-def release_key(version: Any) -> tuple[int, ...] | None:
-    """``"0.29.0"`` -> ``(0, 29, 0)``, for ordering releases; a local or pre-release
-    suffix is ignored (``0.30.0rc1`` orders as 0.30.0). None if not a version."""
-    if not isinstance(version, str):
-        return None
-    match = re.match(r"(\d+(?:\.\d+)*)", version.strip())
-    return tuple(int(p) for p in match.group(1).split(".")) if match else None
-
-
-# How TOML writes each kind a key may need, to say what a wrong value should be.
-_TOML_KINDS = {
-    str: ("a string", 'in quotes, such as "text"'),
-    list: ("a list", 'in brackets, such as ["a", "b"]'),
-    dict: ("a table", "a [section] or an inline { key = value }"),
-    int: ("a whole number", "such as 2"),
-    float: ("a number", "such as 90"),
-    bool: ("true or false", "without quotes"),
-}
-
-
-def _expect(value: Any, kind: type, where: str, source: str) -> Any:
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        wanted, written = _TOML_KINDS.get(kind, (f"a {kind.__name__}", ""))
-        found = next((w for k, (w, _) in _TOML_KINDS.items() if type(value) is k), "")
-        raise ConfigError(
-            f"{where} must be {wanted}, not {found or type(value).__name__}: {value!r}"[:200],
-            details={"config": source, "next": f"write {where} as {wanted}, {written}"},
-        )
-    return value
-
-
-def _string(table: dict[str, Any], key: str, source: str, where: str = "") -> str:
-    label = f"{where}.{key}" if where else key
-    if key not in table:
-        raise ConfigError(
-            f"missing key {label!r}", details={"config": source, "next": f"set {label}"}
-        )
-    value: str = _expect(table[key], str, label, source)
-    if not value.strip():
-        default = "" if where and where != "deep" else ", or remove it to use the default"
-        raise ConfigError(
-            f"{label} must not be empty",
-            details={"config": source, "next": f"give {label} a value{default}"},
-        )
-    return value
-
-
-def _strings(table: dict[str, Any], key: str, source: str, where: str = "") -> tuple[str, ...]:
-    label = f"{where}.{key}" if where else key
-    values = _expect(table.get(key, []), list, label, source)
-    for value in values:
-        _expect(value, str, f"each of {label}", source)
-    return tuple(values)

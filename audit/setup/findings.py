@@ -20,7 +20,7 @@ from pathlib import Path
 from audit.core.errors import invalid_file
 from audit.core.inputs import known_keys, read_toml
 from audit.core.protocol import PROJECT_PREFIX
-from audit.setup.config import release_key
+from audit.setup.values import release_key
 
 _KEYS = {"id", "title", "doc", "releases", "tests", "effect"}
 # what a user of vLLM sees when the bug strikes

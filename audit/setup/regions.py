@@ -18,7 +18,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from audit.core.errors import ConfigError, RegionUnresolved
-from audit.setup.config import RegionSpec, Selection, StatementSelector, release_key
+from audit.setup.region_specs import RegionSpec, Selection, StatementSelector
+from audit.setup.values import release_key
 
 FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
 

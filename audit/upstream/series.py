@@ -19,7 +19,7 @@ from typing import Any
 
 from audit.core.errors import ConfigError
 from audit.core.inputs import known_keys, read_toml
-from audit.setup.config import _expect, _string, _strings, release_version
+from audit.setup.values import expect, release_version, string, strings
 
 SERIES_FILE = "series.toml"
 _TOP = {"release", "fix", "gaps"}
@@ -83,17 +83,17 @@ def load_series(root: Path, known_findings: set[str] | None = None) -> Series:
     source = str(path)
     table = read_toml(path, "the upstream series")
     known_keys(table, _TOP, "the upstream series", config=source)
-    release = release_version(_string(table, "release", source), f"release ({source})")
+    release = release_version(string(table, "release", source), f"release ({source})")
     fixes = []
-    for index, entry in enumerate(_expect(table.get("fix", []), list, "[[fix]]", source)):
+    for index, entry in enumerate(expect(table.get("fix", []), list, "[[fix]]", source)):
         where = f"fix[{index}]"
-        _expect(entry, dict, where, source)
+        expect(entry, dict, where, source)
         known_keys(entry, _FIX, where, config=source)
         fix = Fix(
-            finding=_string(entry, "finding", source, where),
-            test=_string(entry, "test", source, where),
-            patch=root / _string(entry, "patch", source, where),
-            touches=_strings(entry, "touches", source, where),
+            finding=string(entry, "finding", source, where),
+            test=string(entry, "test", source, where),
+            patch=root / string(entry, "patch", source, where),
+            touches=strings(entry, "touches", source, where),
             rebased=root / entry["rebased"] if "rebased" in entry else None,
         )
         _check_fix(fix, root, where, source, known_findings)
@@ -105,9 +105,9 @@ def load_series(root: Path, known_findings: set[str] | None = None) -> Series:
             f"the upstream series fixes {twice[0]!r} twice",
             details={"file": source, "next": "keep one [[fix]] per finding"},
         )
-    gaps: dict[str, Any] = _expect(table.get("gaps", {}), dict, "[gaps]", source)
+    gaps: dict[str, Any] = expect(table.get("gaps", {}), dict, "[gaps]", source)
     known_keys(gaps, _GAPS, "[gaps]", config=source)
-    gap_tests = _strings(gaps, "tests", source, "gaps")
+    gap_tests = strings(gaps, "tests", source, "gaps")
     for name in gap_tests:
         _exists(root / "tests" / name, "gaps.tests", source)
     return Series(root=root, release=release, fixes=tuple(fixes), gap_tests=gap_tests)

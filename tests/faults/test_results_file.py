@@ -24,8 +24,9 @@ from audit.core.protocol import MutantStatus
 from audit.mutation.equivalents import Equivalent, apply_equivalents
 from audit.mutation.mutants import OutOfRegion
 from audit.rendering.markdown_report import render_summary
-from audit.results.report_model import EquivalentRecord, load_results
+from audit.results.report_model import load_results
 from audit.results.scores import write_audit
+from audit.results.view import EquivalentRecord
 from audit.setup import model
 from audit.setup.regions import Region, Span
 

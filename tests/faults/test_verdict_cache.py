@@ -11,8 +11,9 @@ from fence_helpers import fence_audit
 from test_toy_mutation import Toy, toy  # noqa: F401  (the fixture)
 
 from audit.core.protocol import MutantStatus
-from audit.mutation.catalogue import build_catalogue_mutants, load_catalogue
-from audit.setup.config import RegionSpec, Selection
+from audit.mutation.catalogue_entries import load_catalogue
+from audit.mutation.catalogue_mutants import build_catalogue_mutants
+from audit.setup.region_specs import RegionSpec, Selection
 from audit.setup.regions import resolve_regions
 
 INTERRUPTING_TEST = """\

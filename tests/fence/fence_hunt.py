@@ -10,16 +10,16 @@ fault: hunt.md holds the shrunk program), 1 on a usage error, 7 when the install
 vLLM is not the configured version, 130 when interrupted.
 
 The time box. Hypothesis has no wall-clock limit, so the hunt runs the machine in
-rounds: each round is one whole Hypothesis run per machine (``audit.devtools.hunt.MACHINES``,
-in order) of ``round_examples`` programs under the ``long`` profile's settings (60
-steps each, no deadline) with its own seed, the first round's seed plus the round's
-index; a round starts only while the time box
-has time left, so the hunt overruns it by at most one round. A round is never cut
-short (a flag checked inside the machine would have to fail or reject programs,
-which Hypothesis would shrink or count against the run), so each round is exactly
-the run ``@seed(S)`` replays, and ``--seed S`` replays the hunt's rounds in order.
-A round that fails is shrunk to the end (Hypothesis bounds shrinking itself, at five
-minutes) and ends the hunt: its shrunk program is the finding.
+rounds: each round is one whole Hypothesis run per machine the suite registers for the
+hunt (``fence_machines.MACHINES``, in order; hunt.md names each with its file) of
+``round_examples`` programs under the ``long`` profile's settings (60 steps each, no
+deadline) with its own seed, the first round's seed plus the round's index; a round
+starts only while the time box has time left, so the hunt overruns it by at most one
+round. A round is never cut short (a flag checked inside the machine would have to fail
+or reject programs, which Hypothesis would shrink or count against the run), so each
+round is exactly the run ``@seed(S)`` replays, and ``--seed S`` replays the hunt's
+rounds in order. A round that fails is shrunk to the end (Hypothesis bounds shrinking
+itself, at five minutes) and ends the hunt: its shrunk program is the finding.
 
 The string hash seed. vLLM iterates sets of request ids and block hashes in hash order,
 and a program's outcome can follow it (the 0.30.0 program of
@@ -31,6 +31,7 @@ command replays its round under the hashing it met.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import sys
@@ -47,7 +48,6 @@ if __name__ == "__main__":  # run as a script: this folder and the project impor
 from audit.core import environment, outputs
 from audit.core.errors import AuditError
 from audit.devtools.hunt import (
-    MACHINES,
     Finding,
     HuntOptions,
     HuntResult,
@@ -62,6 +62,7 @@ from audit.devtools.hunt import (
 from audit.setup.config import Config
 
 FRAMES = 8  # innermost frames of a finding's traceback shown in hunt.md
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def main(argv: Sequence[str] | None = None, *, restart: bool = False) -> int:
@@ -100,49 +101,11 @@ def hunt(
 ) -> HuntResult:
     """Rounds of the state machine until the time box is up or the machine raises."""
     # vLLM is imported here, after _hermetic: the offline HF home comes first.
-    import test_fence_stateful
+    from fence_machines import MACHINES, hunt_settings
     from hypothesis import Phase, seed, settings
     from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
-    from test_fence_recurrent import RecurrentMachine
-    from test_fence_stateful import (
-        REMOTE_WINDOW,
-        FenceMachine,
-        RemoteWindowMachine,
-        SpeculativeMachine,
-        WindowMachine,
-    )
 
-    # vLLM's default retention and periodic ones beside dense in WindowMachine, whose ci
-    # programs keep to dense (test_fence_stateful.WINDOW_RETENTION), and the periodic
-    # ones beside FenceMachine's two (FENCE_RETENTION)
-    periodic = test_fence_stateful.PERIODIC_RETENTION
-    test_fence_stateful.WINDOW_RETENTION = [None, 0, *periodic]
-    test_fence_stateful.FENCE_RETENTION = [0, None, *periodic]
-    settings_made: tuple[str, ...] = (
-        "test_fence_stateful.WINDOW_RETENTION = [None, 0, *test_fence_stateful.PERIODIC_RETENTION]",
-        "test_fence_stateful.FENCE_RETENTION = [0, None, *test_fence_stateful.PERIODIC_RETENTION]",
-    )
-
-    classes: dict[str, type[RuleBasedStateMachine]] = {
-        "FenceMachine": FenceMachine,
-        "WindowMachine": WindowMachine,
-        "RecurrentMachine": RecurrentMachine,
-        "SpeculativeMachine": SpeculativeMachine,
-    }
-    if REMOTE_WINDOW:  # elsewhere a known bug stops its every program (test_fence_stateful)
-        classes["RemoteWindowMachine"] = RemoteWindowMachine
-        # the block sizes the ci programs leave out, to keep what each seed deals
-        sizes = "test_fence_stateful.MIXED_BLOCK_SIZES"
-        test_fence_stateful.REMOTE_WINDOW_BLOCK_SIZES = test_fence_stateful.MIXED_BLOCK_SIZES
-        settings_made += (f"test_fence_stateful.REMOTE_WINDOW_BLOCK_SIZES = {sizes}",)
-        # and vLLM's default retention beside dense, which its ci programs leave out
-        # where a known bug meets it (tolerated: test_fence_stateful.SHORTER_TOLERANCE),
-        # and the periodic ones
-        test_fence_stateful.REMOTE_WINDOW_RETENTION = [0, None, *periodic]
-        settings_made += (
-            "test_fence_stateful.REMOTE_WINDOW_RETENTION = "
-            "[0, None, *test_fence_stateful.PERIODIC_RETENTION]",
-        )
+    settings_made = hunt_settings()  # before any machine runs
 
     base = settings.get_profile("long")
     budget = settings(
@@ -172,7 +135,7 @@ def hunt(
 
         return Counted
 
-    machines = [(name, counted(classes[name])) for name, _ in MACHINES if name in classes]
+    machines = [(name, counted(machine)) for name, machine in MACHINES.items()]
 
     started = clock()
     rounds = 0
@@ -210,11 +173,16 @@ def hunt(
         programs=programs,
         finding=finding,
         interrupted=interrupted,
-        machines=tuple(name for name, _ in machines),
+        machines=tuple((name, _source(MACHINES[name])) for name, _ in machines),
         hash_seed=hash_seed,
         tolerated=tuple(sorted(tolerated.items())),
         settings=settings_made,
     )
+
+
+def _source(machine: type) -> str:
+    """The file that defines ``machine``, from the project's root."""
+    return Path(inspect.getfile(machine)).resolve().relative_to(ROOT).as_posix()
 
 
 def _finding(error: BaseException, round_index: int, round_seed: int, machine: str) -> Finding:

@@ -133,6 +133,15 @@ class JobLedger:
                 ordinal, last = ordinal + 1, (group, index // bpc)
             yield group, index, block_id, (chunk_ids[ordinal], index % bpc)
 
+    def hits(self, req_id: str) -> list[int]:
+        """The tokens ``req_id`` had computed (its hits) each time it was scheduled anew."""
+        return [
+            new.num_computed_tokens
+            for record in self.history
+            for new in record.output.scheduled_new_reqs
+            if new.req_id == req_id
+        ]
+
     def positions(self, transfers: Iterable[Transfer]) -> set[tuple[str, int, int]]:
         """(request, group, block index) of every block the ``transfers`` moved."""
         found: set[tuple[str, int, int]] = set()

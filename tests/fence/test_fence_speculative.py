@@ -4,7 +4,7 @@ back, and what the content model makes of the KV a rejected draft leaves in its 
 The engine plays vLLM's n-gram speculation (:class:`fence_harness.Speculation`):
 after each step it hands the scheduler draft tokens, and the step that verifies them
 accepts a prefix of them. These tests fix the drafts and their fate, so that each
-program is one sequence; ``SpeculativeMachine`` (test_fence_stateful.py) draws them.
+program is one sequence; ``SpeculativeMachine`` (fence_machines.py) draws them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from fence_config import LOOKAHEAD_HASHES
 from fence_contents import Rejected
 from fence_findings import has_bug
 from fence_harness import ContentViolation, FenceEngine, Speculation
-from test_fence_stateful import _plant
+from fence_plant import plant
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import (
     OffloadingConnectorScheduler,
 )
@@ -90,7 +90,7 @@ def test_a_final_store_past_the_commit_point_reads_a_rejected_draft(
         past = "max(req.num_prompt_tokens, req.num_tokens)"
         build = OffloadingConnectorScheduler._build_store_jobs
         also = [(ALSO_COMPUTED, "req.num_tokens,")] if ALSO_COMPUTED in getsource(build) else []
-        _plant(
+        plant(
             monkeypatch,
             OffloadingConnectorScheduler,
             "_build_store_jobs",

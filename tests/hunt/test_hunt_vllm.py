@@ -9,8 +9,9 @@ from pathlib import Path
 
 import fence_hunt
 import pytest
+from fence_machines import MACHINES
+from fence_plant import plant
 from test_fence_recurrent import plant_uncollected_copies
-from test_fence_stateful import _plant
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import (
     OffloadingConnectorScheduler,
 )
@@ -30,7 +31,7 @@ def test_a_hunt_that_meets_a_planted_bug_writes_its_shrunk_program(
 ) -> None:
     """request_finished forgets to fence a finished request's in-flight stores (M-A3):
     a round of the hunt meets it, shrinks it, and hunt.md holds the program."""
-    _plant(
+    plant(
         monkeypatch,
         OffloadingConnectorScheduler,
         "request_finished",
@@ -73,6 +74,11 @@ def test_a_hunt_on_unmutated_vllm_says_nothing_was_found(
     assert "No violation: the machines raised nothing in " in text
     assert "- seeds: 7" in text
     assert "## The shrunk program" not in text
+    # every machine the suite registers ran, named with the file that defines it
+    ran = ", ".join(
+        f"`{name}` of `tests/fence/{machine.__module__}.py`" for name, machine in MACHINES.items()
+    )
+    assert f"of each machine ({ran});" in text
     out = capsys.readouterr().out
     assert "hunt: round 1 (seed 7): nothing raised" in out
     assert "hunt: no violation in " in out
@@ -94,7 +100,7 @@ def test_a_round_runs_the_recurrent_machine_too(
     assert code == ExitCode.HUNT_FOUND
     text = (reports / "hunt.md").read_text()
     assert "`RecurrentMachine` raised `FenceViolation`" in text
-    assert "(`RecurrentMachine` of `tests/fence/test_fence_recurrent.py`)" in text
+    assert "(`RecurrentMachine` of `tests/fence/fence_recurrent.py`)" in text
     program = text.split("```python\n", 1)[1].split("\n```", 1)[0].splitlines()
     assert program[0] == "state = RecurrentMachine()"
     assert "flush on reuse" in text

@@ -20,8 +20,9 @@ from audit.baseline import coverage_map
 from audit.baseline.run import run_baseline
 from audit.core.environment import sha256_file
 from audit.core.errors import BaselineFailed, ExitCode, NoTestsSelected
-from audit.setup.config import RegionSpec, Selection, StatementSelector, SuitePath, load_config
+from audit.setup.config import SuitePath, load_config
 from audit.setup.model import Target
+from audit.setup.region_specs import RegionSpec, Selection, StatementSelector
 from audit.setup.regions import resolve_regions
 from audit.setup.sources import TestSource
 from audit.setup.suite import stage_suite

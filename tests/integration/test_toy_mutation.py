@@ -22,16 +22,9 @@ from audit.core.protocol import MutantStatus, Warmed, apply_edits, parse_event
 from audit.judging import alone, deep, executor
 from audit.judging.jobs import ExecutorOptions
 from audit.mutation.mutants import build_mutants
-from audit.setup.config import (
-    Config,
-    DeepLook,
-    RegionSpec,
-    Selection,
-    StatementSelector,
-    SuitePath,
-    load_config,
-)
+from audit.setup.config import Config, DeepLook, SuitePath, load_config
 from audit.setup.model import Target
+from audit.setup.region_specs import RegionSpec, Selection, StatementSelector
 from audit.setup.regions import resolve_regions
 from audit.setup.sources import TestSource
 from audit.setup.suite import stage_suite

@@ -26,7 +26,7 @@ from audit.core import environment
 from audit.core.environment import Fingerprint, InstalledVllm, sha256_file
 from audit.judging.jobs import ExecutorOptions
 from audit.mutation import scope
-from audit.mutation.catalogue import load_catalogue
+from audit.mutation.catalogue_entries import load_catalogue
 from audit.mutation.equivalents import Equivalent
 from audit.mutation.mutants import build_mutants, function_hashes
 from audit.results.shards import Shard, read_costs

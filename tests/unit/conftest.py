@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from audit.results.report_model import AuditResults, load_results
+from audit.results.report_model import load_results
+from audit.results.view import AuditResults
 
 RESULTS = Path(__file__).parent / "data" / "results.json"
 

@@ -10,16 +10,8 @@ import pytest
 
 from audit.core.errors import ConfigError
 from audit.core.protocol import MutantStatus, apply_edits
-from audit.mutation.catalogue import (
-    Applied,
-    Carried,
-    Entry,
-    NotYet,
-    Stale,
-    apply_entry,
-    load_catalogue,
-    load_entry,
-)
+from audit.mutation.catalogue import Applied, Carried, NotYet, Stale, apply_entry
+from audit.mutation.catalogue_entries import Entry, load_catalogue, load_entry
 from audit.results.scores import expectation_verdict
 from audit.setup.model import MutantResult
 

@@ -19,15 +19,18 @@ from audit.cli import main
 from audit.core.errors import ConfigError, ExitCode
 from audit.core.protocol import MutantStatus
 from audit.mutation import changes
-from audit.mutation.catalogue import CatalogueMutants, Entry, Stale
+from audit.mutation.catalogue import Stale
+from audit.mutation.catalogue_entries import Entry
+from audit.mutation.catalogue_mutants import CatalogueMutants
 from audit.mutation.changes import OUTSIDE, ChangedCode, changed_since, parse_hunks
 from audit.mutation.mutants import build_mutants
 from audit.rendering.markdown_report import render_summary
 from audit.results.gate import evaluate
 from audit.results.report_model import load_results
 from audit.results.scores import write_audit
-from audit.setup.config import GateThresholds, RegionSpec, Selection, StatementSelector
+from audit.setup.config import GateThresholds
 from audit.setup.model import CoverageMap, Mutant, MutantResult, Target
+from audit.setup.region_specs import RegionSpec, Selection, StatementSelector
 from audit.setup.regions import resolve_regions
 
 PATH = "pkg/fence.py"

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from audit.core.errors import ConfigError, ExitCode
-from audit.setup.config import load_config, parse_suite_path, release_version
+from audit.setup.config import load_config, parse_suite_path
+from audit.setup.values import release_version
 
 
 def write_pyproject(tmp_path: Path, body: str) -> Path:

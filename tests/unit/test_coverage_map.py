@@ -10,8 +10,8 @@ import coverage
 
 from audit.baseline import coverage_map
 from audit.core.protocol import TestOutcome, TestResult
-from audit.setup.config import RegionSpec, Selection, StatementSelector
 from audit.setup.model import BaselineRun, Target
+from audit.setup.region_specs import RegionSpec, Selection, StatementSelector
 from audit.setup.regions import resolve_regions
 
 SOURCE = textwrap.dedent(

@@ -4,6 +4,7 @@ The hunt itself, on the real scheduler, is tests/hunt/test_hunt_vllm.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -43,6 +44,16 @@ NOTES = [
 ]
 
 
+# The machines a hunt on a release that runs all five names, as the runner gives them.
+MACHINES = (
+    ("FenceMachine", "tests/fence/fence_machines.py"),
+    ("RemoteWindowMachine", "tests/fence/fence_machines.py"),
+    ("WindowMachine", "tests/fence/fence_machines.py"),
+    ("RecurrentMachine", "tests/fence/fence_recurrent.py"),
+    ("SpeculativeMachine", "tests/fence/fence_machines.py"),
+)
+
+
 def _result(finding: Finding | None = None, **changes: object) -> HuntResult:
     fields: dict[str, object] = {
         "vllm_version": "0.33.0",
@@ -53,6 +64,7 @@ def _result(finding: Finding | None = None, **changes: object) -> HuntResult:
         "steps": 60,
         "rounds": 31,
         "programs": 620,
+        "machines": MACHINES,
         "finding": finding,
     }
     fields.update(changes)
@@ -61,7 +73,16 @@ def _result(finding: Finding | None = None, **changes: object) -> HuntResult:
 
 def _finding(message: str = "fence invariants broken:\n  I7 registered iff finished") -> Finding:
     program, reproduce = parse_notes(NOTES)
-    return Finding("FenceViolation", message, program, reproduce, "  File x", round=3, seed=42)
+    return Finding(
+        "FenceViolation",
+        message,
+        program,
+        reproduce,
+        "  File x",
+        round=3,
+        seed=42,
+        machine="FenceMachine",
+    )
 
 
 def test_the_notes_give_the_shrunk_program_and_the_reproduce_decorator() -> None:
@@ -138,7 +159,7 @@ def test_hunt_md_names_the_hash_seed_and_replays_under_it() -> None:
 
 
 def test_hunt_md_gives_the_settings_a_replay_needs() -> None:
-    setting = "test_fence_stateful.REMOTE_WINDOW_RETENTION = [0, None]"
+    setting = "fence_machines.REMOTE_WINDOW_RETENTION = [0, None]"
     text = render(_result(_finding(), settings=(setting,)))
     assert "a replay outside the hunt needs them first" in text
     assert f"```python\n{setting}\n```" in text
@@ -165,6 +186,7 @@ def test_a_finding_is_exit_14_and_hunt_md_holds_its_program_and_invariant() -> N
     assert "```python\nstate = FenceMachine()\n" in text
     assert "state.teardown()\n```" in text
     assert "`@reproduce_failure('6.170.17', b'AXicY3Bk+/A=')` on `FenceMachine`" in text
+    assert "steps (`FenceMachine` of `tests/fence/fence_machines.py`):" in text
 
 
 def test_nothing_found_is_exit_0_and_says_how_much_ran() -> None:
@@ -178,12 +200,22 @@ def test_nothing_found_is_exit_0_and_says_how_much_ran() -> None:
     assert exit_code(_result(interrupted=True)) == ExitCode.INTERRUPTED
 
 
-def test_the_report_names_only_the_machines_that_ran() -> None:
+def test_the_report_names_only_the_machines_that_ran_with_their_files() -> None:
     every = render(_result())
-    assert "`RemoteWindowMachine` of `tests/fence/test_fence_stateful.py`" in every
-    fewer = render(_result(machines=("FenceMachine", "RecurrentMachine")))
-    assert "`FenceMachine` of `tests/fence/test_fence_stateful.py`, `RecurrentMachine`" in fewer
+    assert "`RemoteWindowMachine` of `tests/fence/fence_machines.py`" in every
+    fewer = render(_result(machines=(MACHINES[0], MACHINES[3])))
+    assert (
+        "of each machine (`FenceMachine` of `tests/fence/fence_machines.py`, "
+        "`RecurrentMachine` of `tests/fence/fence_recurrent.py`);"
+    ) in fewer
     assert "RemoteWindowMachine" not in fewer
+
+
+def test_a_finding_names_the_file_of_the_machine_that_raised() -> None:
+    finding = dataclasses.replace(_finding(), machine="RecurrentMachine")
+    text = render(_result(finding))
+    assert "`RecurrentMachine` raised `FenceViolation`" in text
+    assert "steps (`RecurrentMachine` of `tests/fence/fence_recurrent.py`):" in text
 
 
 def test_a_message_holding_backticks_cannot_close_its_fence() -> None:

@@ -17,7 +17,7 @@ from audit.mutation.mutants import (
     mutant_id,
     unified_diff,
 )
-from audit.setup.config import RegionSpec, Selection, StatementSelector
+from audit.setup.region_specs import RegionSpec, Selection, StatementSelector
 from audit.setup.regions import resolve_regions
 from audit.testproc import codeswap
 

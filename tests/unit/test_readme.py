@@ -12,8 +12,8 @@ import json
 import tomllib
 from pathlib import Path
 
-from audit.setup.config import release_key
 from audit.setup.model import Fraction, percent_text
+from audit.setup.values import release_key
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"

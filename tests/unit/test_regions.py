@@ -5,7 +5,7 @@ import textwrap
 import pytest
 
 from audit.core.errors import ConfigError, ExitCode, RegionUnresolved
-from audit.setup.config import RegionSpec, Selection, StatementSelector
+from audit.setup.region_specs import RegionSpec, Selection, StatementSelector
 from audit.setup.regions import resolve_regions
 
 SOURCE = textwrap.dedent(

@@ -16,7 +16,7 @@ from browser import Browser, find_chromium
 
 from audit.core import outputs
 from audit.rendering.reports import Written, write_reports
-from audit.results.report_model import AuditResults
+from audit.results.view import AuditResults
 
 pytestmark = pytest.mark.browser
 

@@ -26,7 +26,8 @@ from audit.rendering.html_report import render_index, render_region
 from audit.rendering.junit_report import render_junit
 from audit.rendering.markdown_report import render_summary
 from audit.rendering.reports import write_reports
-from audit.results.report_model import AuditResults, SecondJudgement, load_results
+from audit.results.report_model import load_results
+from audit.results.view import AuditResults, SecondJudgement
 
 DATA = Path(__file__).parent / "data" / "results.json"
 GOLDEN = Path(__file__).parent / "golden"

@@ -16,7 +16,7 @@ import pytest
 from audit.core import environment
 from audit.core.protocol import apply_edits
 from audit.judging.jobs import function_frame
-from audit.mutation import catalogue, mutmut_adapter
+from audit.mutation import catalogue_entries, catalogue_mutants, mutmut_adapter
 from audit.mutation.mutants import build_mutants
 from audit.setup.config import load_config
 from audit.setup.regions import resolve_regions
@@ -49,8 +49,8 @@ def test_function_alone_compiles_to_the_modules_code(project_root: Path) -> None
     source = path.read_text()
     regions = resolve_regions(source, config.regions, filename=str(path))
     mutants = list(build_mutants(source, str(path), regions, {}).mutants)
-    entries = catalogue.load_catalogue(project_root / "mutants" / "catalogue")
-    built = catalogue.build_catalogue_mutants(entries, source, str(path), regions, {})
+    entries = catalogue_entries.load_catalogue(project_root / "mutants" / "catalogue")
+    built = catalogue_mutants.build_catalogue_mutants(entries, source, str(path), regions, {})
     mutants += [m for m in built.mutants if not m.module]
     assert len(mutants) > 200
     frames = {m.function: function_frame(source, m.function) for m in mutants}

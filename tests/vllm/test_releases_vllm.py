@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from audit.core.errors import RegionUnresolved
-from audit.mutation import catalogue
+from audit.mutation import catalogue, catalogue_entries
 from audit.setup.config import load_config
 from audit.setup.regions import resolve_regions
 from audit.setup.sources import sdist_module
@@ -102,7 +102,7 @@ def test_without_the_alternatives_every_broken_anchor_is_listed_at_once() -> Non
 def test_every_catalogue_entry_applies_or_is_carried_or_not_yet(release: str) -> None:
     config = load_config(None)
     assert config.catalogue_dir is not None
-    entries = catalogue.load_catalogue(config.catalogue_dir)
+    entries = catalogue_entries.load_catalogue(config.catalogue_dir)
     source = read(release)
     regions = resolve_regions(source, config.regions, filename="s.py", version=release)
     functions = {r.name: r.functions for r in regions}
