@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import coverage
 
@@ -41,35 +43,56 @@ REGIONS = (
 )
 
 
-def recorded_run(tmp_path: Path) -> BaselineRun:
-    """Two 'tests' run under coverage with a context each, as the test process does."""
-    path = tmp_path / "toyfence.py"
-    path.write_text(SOURCE)
+def record(
+    tmp_path: Path, name: str, source: str, tests: dict[str, Callable[[ModuleType], object]]
+) -> BaselineRun:
+    """``source`` imported as ``name`` under coverage, then each of ``tests`` run in a
+    context of its own (its id), as the test process records the baseline."""
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
     data_file = tmp_path / "data.coverage"
     cov = coverage.Coverage(
         data_file=str(data_file), branch=True, include=[str(path)], config_file=False
     )
     cov.start()
-    spec = importlib.util.spec_from_file_location("toyfence", path)
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    cov.switch_context("t.py::test_register")
-    fence: dict[int, set[int]] = {}
-    module.register(fence, 1, [0, 5])
-    cov.switch_context("t.py::test_remove")
-    module.register(fence, 2, [6])
-    module.remove(fence, 2, [6])
+    for test_id, body in tests.items():
+        cov.switch_context(test_id)
+        body(module)
     cov.switch_context("")
     cov.stop()
     cov.save()
-    target = Target("toyfence", path, path, "0" * 64)
-    tests = (
-        TestResult("t.py::test_register", TestOutcome.PASSED, 0.5),
-        TestResult("t.py::test_remove", TestOutcome.PASSED, 0.25),
+    results = tuple(
+        # durations 0.5, 0.25, ...: each test's own, for the map's duration checks
+        TestResult(test_id, TestOutcome.PASSED, 0.5 / (i + 1))
+        for i, test_id in enumerate(tests)
     )
-    return BaselineRun(target, tests, data_file, tmp_path / "log", 1.0)
+    return BaselineRun(
+        Target(name, path, path, "0" * 64), results, data_file, tmp_path / "log", 1.0
+    )
+
+
+def recorded_run(tmp_path: Path) -> BaselineRun:
+    """Two 'tests' run under coverage with a context each, as the test process does."""
+    fence: dict[int, set[int]] = {}
+
+    def removes(module: ModuleType) -> None:
+        module.register(fence, 2, [6])
+        module.remove(fence, 2, [6])
+
+    return record(
+        tmp_path,
+        "toyfence",
+        SOURCE,
+        {
+            "t.py::test_register": lambda module: module.register(fence, 1, [0, 5]),
+            "t.py::test_remove": removes,
+        },
+    )
 
 
 def test_line_map_names_exactly_the_tests_that_ran_each_line(tmp_path: Path) -> None:
@@ -159,31 +182,13 @@ def test_multi_line_statements_count_as_coverage_py_counts_them(tmp_path: Path) 
     """A multi-line condition or call is one statement, known by its first line: the
     tracer may report only its inner lines, and the region's figures still equal
     coverage.py's own analysis of the same data (the `if (` line is covered)."""
-    path = tmp_path / "toyadmit.py"
-    path.write_text(MULTILINE)
-    data_file = tmp_path / "data.coverage"
-    cov = coverage.Coverage(
-        data_file=str(data_file), branch=True, include=[str(path)], config_file=False
-    )
-    cov.start()
-    spec = importlib.util.spec_from_file_location("toyadmit", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    cov.switch_context("t.py::test_admit")
-    module.admit({1: {7}}, 1, 7, strict=False)
-    module.admit({}, 2, 1, strict=True)
-    cov.switch_context("")
-    cov.stop()
-    cov.save()
-    run = BaselineRun(
-        Target("toyadmit", path, path, "0" * 64),
-        (TestResult("t.py::test_admit", TestOutcome.PASSED, 0.5),),
-        data_file,
-        tmp_path / "log",
-        1.0,
-    )
+
+    def admits(module: ModuleType) -> None:
+        module.admit({1: {7}}, 1, 7, strict=False)
+        module.admit({}, 2, 1, strict=True)
+
+    run = record(tmp_path, "toyadmit", MULTILINE, {"t.py::test_admit": admits})
+    path, data_file = run.target.path, run.data_file
     spec_ = RegionSpec("admission", "", (Selection("admit"),))
     (region,) = resolve_regions(MULTILINE, (spec_,), filename="toyadmit.py")
     (measured,) = coverage_map.region_coverage(run, (region,))
